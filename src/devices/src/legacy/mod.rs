@@ -1,0 +1,8 @@
+//! The two legacy devices a Linux guest on Ember needs: COM1 for its console and the i8042
+//! for its reboot path.
+
+pub mod i8042;
+pub mod serial;
+
+pub use i8042::I8042;
+pub use serial::Serial;

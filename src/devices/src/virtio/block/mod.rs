@@ -1,0 +1,7 @@
+//! virtio-blk on a raw image file: read, write, flush and get-id.
+
+mod device;
+mod request;
+
+pub use device::{Block, BlockConfig, CacheType};
+pub use request::{Request, RequestError, RequestType, SECTOR_SIZE};

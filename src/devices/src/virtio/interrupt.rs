@@ -1,0 +1,53 @@
+//! A virtio device's interrupt: the InterruptStatus bits the guest reads and acknowledges,
+//! and the irqfd that raises the line.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Why the device interrupts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterruptKind {
+    /// The device put buffers in a used ring.
+    Queue,
+    /// The configuration space (or the device status) changed.
+    Config,
+}
+
+#[derive(Debug)]
+pub struct IrqTrigger {
+    status: AtomicU32,
+    irqfd: EventFd,
+}
+
+impl IrqTrigger {
+    pub fn new(irqfd: EventFd) -> Self {
+        IrqTrigger { status: AtomicU32::new(0), irqfd }
+    }
+
+    pub fn irqfd(&self) -> &EventFd {
+        &self.irqfd
+    }
+
+    pub fn trigger(&self, kind: InterruptKind) -> std::io::Result<()> {
+        let bit = match kind {
+            InterruptKind::Queue => VIRTIO_MMIO_INT_VRING,
+            InterruptKind::Config => VIRTIO_MMIO_INT_CONFIG,
+        };
+        self.status.fetch_or(bit, Ordering::SeqCst);
+        self.irqfd.write(1)
+    }
+
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::SeqCst)
+    }
+
+    pub fn ack(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::SeqCst);
+    }
+
+    pub fn clear(&self) {
+        self.status.store(0, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,15 @@
+//! virtio over MMIO: the transport ([`mmio`]) speaks the virtio 1.x register protocol to the
+//! guest and hands each activated device ([`device::VirtioDevice`]) its queues, guest memory
+//! and an interrupt line ([`interrupt`]).
+
+pub mod block;
+pub mod device;
+pub mod interrupt;
+pub mod mmio;
+
+pub use device::{ActivateError, VirtioDevice};
+pub use interrupt::{InterruptKind, IrqTrigger};
+pub use mmio::MmioTransport;
+
+/// Guest memory as devices see it.
+pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;
