@@ -1,1 +1,95 @@
+//! The Ember VMM core. A request becomes a running vCPU in three steps:
+//!
+//! 1. [`resources::VmResources`] gathers and validates the configuration ([`config`]),
+//!    from `--config-file` today and from the API next.
+//! 2. [`builder::build`] turns it into a [`Vmm`]: guest memory ([`memory`]), the KVM VM
+//!    ([`vm`]), the kernel and boot information (crate `arch`), the devices (crate
+//!    `devices`) and configured vCPUs ([`vcpu`]).
+//! 3. [`Vmm::run`] starts a thread per vCPU and runs the event loop ([`event_loop`]) on the
+//!    calling thread until the guest resets, powers off, fails, or ember gets a signal.
 
+pub mod builder;
+pub mod config;
+pub mod event_loop;
+pub mod memory;
+pub mod resources;
+pub mod vcpu;
+pub mod vm;
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Mutex;
+
+use vmm_sys_util::eventfd::EventFd;
+
+pub use builder::{build, BuildError, Console};
+pub use event_loop::Vmm;
+
+/// Why the VM stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmExit {
+    /// The guest reset the machine (i8042 0xFE, triple fault, or a KVM reset event).
+    Reset,
+    /// The guest powered off.
+    PowerOff,
+    /// Ember received this signal (SIGTERM or SIGINT).
+    Signal(i32),
+    /// A vCPU could not go on.
+    VcpuError(String),
+    /// The VMM's own event loop failed.
+    VmmError(String),
+}
+
+impl VmExit {
+    /// ember's exit status: 0 when the guest ended the VM, 128 + N after signal N, 1 on error.
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            VmExit::Reset | VmExit::PowerOff => 0,
+            VmExit::Signal(n) => 128 + n,
+            VmExit::VcpuError(_) | VmExit::VmmError(_) => 1,
+        }
+    }
+}
+
+/// Where vCPUs (and signal handlers) report that the VM must stop. The first report wins;
+/// the eventfd wakes the VMM thread.
+#[derive(Debug)]
+pub struct ExitSignal {
+    evt: EventFd,
+    reason: Mutex<Option<VmExit>>,
+    /// Set from a signal handler, where no lock may be taken; the VMM thread turns it into
+    /// a reason.
+    pending_signal: AtomicI32,
+}
+
+impl ExitSignal {
+    pub fn new() -> std::io::Result<Self> {
+        Ok(ExitSignal { evt: EventFd::new(libc::EFD_NONBLOCK)?, reason: Mutex::new(None), pending_signal: AtomicI32::new(0) })
+    }
+
+    pub fn report(&self, reason: VmExit) {
+        let mut slot = devices::bus::lock(&self.reason);
+        if slot.is_none() {
+            *slot = Some(reason);
+        }
+        drop(slot);
+        let _ = self.evt.write(1);
+    }
+
+    /// Async-signal-safe: an atomic store and an eventfd write.
+    pub fn report_signal(&self, signum: i32) {
+        self.pending_signal.store(signum, Ordering::SeqCst);
+        let _ = self.evt.write(1);
+    }
+
+    pub fn reason(&self) -> Option<VmExit> {
+        let pending = self.pending_signal.swap(0, Ordering::SeqCst);
+        if pending != 0 {
+            self.report(VmExit::Signal(pending));
+        }
+        devices::bus::lock(&self.reason).clone()
+    }
+
+    pub fn event(&self) -> &EventFd {
+        &self.evt
+    }
+}

@@ -3,5 +3,5 @@
 mod device;
 mod request;
 
-pub use device::{Block, BlockConfig, CacheType};
+pub use device::{Block, BlockConfig, CacheType, Error};
 pub use request::{Request, RequestError, RequestType, SECTOR_SIZE};

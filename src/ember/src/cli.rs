@@ -1,0 +1,167 @@
+//! Firecracker's command line, with its spelling and defaults.
+
+pub const USAGE: &str = "\
+ember: a microVM monitor with Firecracker's interface
+
+Usage: ember [OPTIONS]
+
+Options:
+  --api-sock <PATH>     Path of the API Unix socket [default: /run/firecracker.socket]
+  --id <ID>             MicroVM identifier [default: anonymous-instance]
+  --config-file <PATH>  Start the microVM from this JSON configuration
+  --no-api              Do not start the API server (needs --config-file)
+  --boot-timer          Log the guest boot time when the guest writes 123 to the boot timer
+  --level <LEVEL>       Log level: Off, Error, Warning, Info, Debug, Trace [default: Warning]
+  --log-path <PATH>     Write the log to this file instead of stderr
+  --version             Print the version and exit
+  --help                Print this help and exit
+
+Exit status: 0 when the guest resets or powers off, 128+N after signal N (SIGINT: 130,
+SIGTERM: 143), 1 on any error.
+";
+
+pub const DEFAULT_API_SOCK: &str = "/run/firecracker.socket";
+pub const DEFAULT_ID: &str = "anonymous-instance";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Args {
+    pub api_sock: String,
+    pub id: String,
+    pub config_file: Option<String>,
+    pub no_api: bool,
+    pub boot_timer: bool,
+    pub level: log::LevelFilter,
+    pub log_path: Option<String>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    Run(Args),
+    Help,
+    Version,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("unknown argument {0}; see ember --help")]
+    Unknown(String),
+    #[error("argument {0} needs a value")]
+    MissingValue(String),
+    #[error("argument {0} takes no value")]
+    UnexpectedValue(String),
+    #[error("argument {0} was given twice")]
+    Duplicate(String),
+    #[error("invalid log level {0:?}; use Off, Error, Warning, Info, Debug or Trace")]
+    Level(String),
+    #[error("the microVM id {0:?} must be 1 to 64 characters, letters, digits, '-' and '_' only")]
+    Id(String),
+}
+
+fn parse_level(value: &str) -> Result<log::LevelFilter, Error> {
+    Ok(match value.to_ascii_lowercase().as_str() {
+        "off" => log::LevelFilter::Off,
+        "error" => log::LevelFilter::Error,
+        "warning" | "warn" => log::LevelFilter::Warn,
+        "info" => log::LevelFilter::Info,
+        "debug" => log::LevelFilter::Debug,
+        "trace" => log::LevelFilter::Trace,
+        _ => return Err(Error::Level(value.to_string())),
+    })
+}
+
+/// Parses arguments (without the program name). Both `--flag value` and `--flag=value`.
+pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> {
+    let mut args = args.into_iter();
+    let mut out = Args {
+        api_sock: DEFAULT_API_SOCK.into(),
+        id: DEFAULT_ID.into(),
+        config_file: None,
+        no_api: false,
+        boot_timer: false,
+        level: log::LevelFilter::Warn,
+        log_path: None,
+    };
+    let mut seen: Vec<String> = Vec::new();
+    while let Some(arg) = args.next() {
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        if seen.contains(&name) {
+            return Err(Error::Duplicate(name));
+        }
+        seen.push(name.clone());
+        let takes_value = matches!(name.as_str(), "--api-sock" | "--id" | "--config-file" | "--level" | "--log-path");
+        let value = if takes_value {
+            match inline {
+                Some(v) => v,
+                None => args.next().ok_or_else(|| Error::MissingValue(name.clone()))?,
+            }
+        } else {
+            if inline.is_some() {
+                return Err(Error::UnexpectedValue(name));
+            }
+            String::new()
+        };
+        match name.as_str() {
+            "--help" | "-h" => return Ok(Command::Help),
+            "--version" | "-V" => return Ok(Command::Version),
+            "--api-sock" => out.api_sock = value,
+            "--id" => {
+                let ok = (1..=64).contains(&value.len())
+                    && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                if !ok {
+                    return Err(Error::Id(value));
+                }
+                out.id = value;
+            }
+            "--config-file" => out.config_file = Some(value),
+            "--no-api" => out.no_api = true,
+            "--boot-timer" => out.boot_timer = true,
+            "--level" => out.level = parse_level(&value)?,
+            "--log-path" => out.log_path = Some(value),
+            _ => return Err(Error::Unknown(arg)),
+        }
+    }
+    Ok(Command::Run(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Result<Command, Error> {
+        parse(list.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn defaults_match_firecracker() {
+        let Command::Run(a) = args(&[]).unwrap() else { panic!() };
+        assert_eq!(a.api_sock, "/run/firecracker.socket");
+        assert_eq!(a.id, "anonymous-instance");
+        assert!(!a.no_api && !a.boot_timer);
+        assert_eq!(a.level, log::LevelFilter::Warn);
+    }
+
+    #[test]
+    fn both_value_spellings() {
+        let Command::Run(a) = args(&["--no-api", "--config-file", "vm.json", "--level=Debug", "--id", "vm-1"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.config_file.as_deref(), Some("vm.json"));
+        assert_eq!(a.level, log::LevelFilter::Debug);
+        assert_eq!(a.id, "vm-1");
+        assert!(a.no_api);
+    }
+
+    #[test]
+    fn bad_arguments() {
+        assert_eq!(args(&["--bogus"]), Err(Error::Unknown("--bogus".into())));
+        assert_eq!(args(&["--config-file"]), Err(Error::MissingValue("--config-file".into())));
+        assert_eq!(args(&["--no-api=1"]), Err(Error::UnexpectedValue("--no-api".into())));
+        assert_eq!(args(&["--level", "loud"]), Err(Error::Level("loud".into())));
+        assert_eq!(args(&["--id", "a/b"]), Err(Error::Id("a/b".into())));
+        assert_eq!(args(&["--no-api", "--no-api"]), Err(Error::Duplicate("--no-api".into())));
+        assert_eq!(args(&["--help", "--bogus"]), Ok(Command::Help));
+    }
+}

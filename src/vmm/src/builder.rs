@@ -1,0 +1,242 @@
+//! The build recipe, in order: `VmResources` → guest memory → KVM VM → kernel and initrd →
+//! devices (and their command-line entries) → boot information → configured vCPUs.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use arch::boot_params::{self, InitrdPlacement};
+use arch::cpuid::Topology;
+use arch::layout::{self, CMDLINE_ADDR, CMDLINE_MAX_SIZE, FIRST_VIRTIO_IRQ, I8042_IRQ, SERIAL_IRQ};
+use arch::{BootProtocol, KernelEntry};
+use devices::legacy::{i8042, I8042, Serial};
+use devices::virtio::block::{Block, BlockConfig, CacheType};
+use devices::virtio::mmio::REG_QUEUE_NOTIFY;
+use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
+use devices::Bus;
+use event_manager::EventManager;
+use vm_memory::{Bytes, GuestAddress};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::{self, DriveConfig};
+use crate::event_loop::{self, ExitWatcher, Subscriber, Vmm};
+use crate::memory::{self, GuestMemory};
+use crate::resources::VmResources;
+use crate::vcpu::{self, BootEntry, Vcpu};
+use crate::vm::{self, Vm};
+use crate::ExitSignal;
+
+const COM1_BASE: u64 = 0x3f8;
+const COM1_LEN: u64 = 8;
+const I8042_BASE: u64 = 0x60;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("no boot source is configured: set boot-source.kernel_image_path")]
+    NoBootSource,
+    #[error("{0}")]
+    Memory(#[from] memory::Error),
+    #[error("{0}")]
+    Vm(#[from] vm::Error),
+    #[error("cannot open the kernel image {path}: {source}")]
+    OpenKernel { path: String, source: std::io::Error },
+    #[error("cannot open the initrd {path}: {source}")]
+    OpenInitrd { path: String, source: std::io::Error },
+    #[error("{0}")]
+    Load(#[from] arch::loader::Error),
+    #[error("the kernel command line is {len} bytes long; at most {} fit", CMDLINE_MAX_SIZE - 1)]
+    CmdlineTooLong { len: usize },
+    #[error("{0}")]
+    BootParams(#[from] boot_params::Error),
+    #[error("{0}")]
+    MpTable(#[from] arch::mptable::Error),
+    #[error("cannot write the boot tables into guest memory: {0}")]
+    GuestMemory(#[from] vm_memory::GuestMemoryError),
+    #[error("drive {id}: {source}")]
+    Drive { id: String, source: devices::virtio::block::Error },
+    #[error("cannot place a device on the bus: {0}")]
+    Bus(#[from] devices::bus::Error),
+    #[error("cannot create an eventfd: {0}")]
+    EventFd(#[source] std::io::Error),
+    #[error("{0}")]
+    Vcpu(#[from] vcpu::Error),
+}
+
+/// Where the guest's serial console goes and comes from.
+pub struct Console {
+    pub output: Box<dyn Write + Send>,
+    pub input: Option<File>,
+}
+
+impl std::fmt::Debug for Console {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Console").field("input", &self.input).finish()
+    }
+}
+
+fn eventfd() -> Result<EventFd, BuildError> {
+    EventFd::new(libc::EFD_NONBLOCK).map_err(BuildError::EventFd)
+}
+
+/// Builds a VM from `resources`, ready for [`Vmm::run`].
+pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildError> {
+    let boot = resources.boot_source.as_ref().ok_or(BuildError::NoBootSource)?;
+    let machine = resources.machine_config;
+    let mem_bytes = machine.mem_bytes().map_err(|_| memory::Error::Map {
+        mib: machine.mem_size_mib as u64,
+        reason: "it overflows a 64-bit address".into(),
+    })?;
+
+    let vm = Vm::new()?;
+    let mem = memory::create(mem_bytes)?;
+    vm.register_memory(&mem)?;
+
+    let kernel = load_kernel(&mem, &boot.kernel_image_path)?;
+    let low_ram_end = mem_bytes.min(layout::MMIO_GAP_START);
+    let initrd = match &boot.initrd_path {
+        Some(path) => {
+            let mut file = File::open(path).map_err(|source| BuildError::OpenInitrd { path: path.clone(), source })?;
+            Some(arch::loader::load_initrd(&mem, &mut file, &kernel, low_ram_end)?)
+        }
+        None => None,
+    };
+
+    let mut event_manager = EventManager::<Subscriber>::new().map_err(|e| BuildError::EventFd(std::io::Error::other(e.to_string())))?;
+    let exit = Arc::new(ExitSignal::new().map_err(BuildError::EventFd)?);
+    let mut pio = Bus::new();
+    let mut mmio = Bus::new();
+    let mut cmdline = boot.boot_args().to_string();
+
+    attach_legacy(&vm, &mut pio, &mut event_manager, console, &exit)?;
+    for (index, drive) in resources.drives().iter().enumerate() {
+        let (addr, irq) = attach_drive(&vm, &mem, &mut mmio, &mut event_manager, drive, index as u32)?;
+        if drive.is_root_device {
+            cmdline.push_str(&root_args(drive));
+        }
+        cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
+    }
+
+    write_cmdline(&mem, &cmdline)?;
+    write_boot_info(&mem, &kernel, initrd, machine.vcpu_count, mem_bytes, cmdline.len() + 1)?;
+    let cr3 = arch::paging::write_identity_tables(&mem)?;
+
+    let caps = vm.host_caps()?;
+    let (pio, mmio) = (Arc::new(pio), Arc::new(mmio));
+    let mut vcpus = Vec::with_capacity(usize::from(machine.vcpu_count));
+    for index in 0..machine.vcpu_count {
+        let fd = vm.create_vcpu(index)?;
+        let topo = Topology { cpu_index: index, count: machine.vcpu_count, smt: machine.smt };
+        let entry = (index == 0).then_some(BootEntry { protocol: kernel.protocol, entry: kernel.entry, cr3 });
+        Vcpu::configure(&fd, topo, &caps, entry)?;
+        vcpus.push(Vcpu::new(index, fd, pio.clone(), mmio.clone(), exit.clone()));
+    }
+
+    Ok(Vmm { event_manager, vcpus, exit, _memory: mem, _vm: vm })
+}
+
+fn load_kernel(mem: &GuestMemory, path: &str) -> Result<KernelEntry, BuildError> {
+    let mut file = File::open(path).map_err(|source| BuildError::OpenKernel { path: path.to_string(), source })?;
+    Ok(arch::loader::load_kernel(mem, &mut file)?)
+}
+
+/// COM1 on IRQ 4 and the i8042 on IRQ 1; the i8042's reset line and the exit signal are
+/// watched by the event loop.
+fn attach_legacy(
+    vm: &Vm,
+    pio: &mut Bus,
+    em: &mut EventManager<Subscriber>,
+    console: Console,
+    exit: &Arc<ExitSignal>,
+) -> Result<(), BuildError> {
+    let serial_irq = eventfd()?;
+    vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
+    let serial = Serial::new(serial_irq, console.output, console.input).map_err(BuildError::EventFd)?;
+    let serial = Arc::new(Mutex::new(serial));
+    pio.insert(COM1_BASE, COM1_LEN, serial.clone())?;
+    event_loop::add(em, serial);
+
+    let reset = eventfd()?;
+    let kbd_irq = eventfd()?;
+    vm.register_irqfd(&kbd_irq, I8042_IRQ)?;
+    let i8042 = I8042::new(reset.try_clone().map_err(BuildError::EventFd)?, kbd_irq);
+    pio.insert(I8042_BASE, i8042::PORT_RANGE, Arc::new(Mutex::new(i8042)))?;
+    event_loop::add(em, Arc::new(Mutex::new(ExitWatcher { reset, exit: exit.clone() })));
+    Ok(())
+}
+
+/// One virtio-mmio block device in window `index`; returns its address and IRQ.
+fn attach_drive(
+    vm: &Vm,
+    mem: &GuestMemory,
+    mmio: &mut Bus,
+    em: &mut EventManager<Subscriber>,
+    drive: &DriveConfig,
+    index: u32,
+) -> Result<(u64, u32), BuildError> {
+    let block = Block::new(&BlockConfig {
+        id: drive.drive_id.clone(),
+        path: drive.path_on_host.clone().into(),
+        read_only: drive.is_read_only,
+        cache: match drive.cache_type {
+            config::CacheType::Unsafe => CacheType::Unsafe,
+            config::CacheType::Writeback => CacheType::Writeback,
+        },
+    })
+    .map_err(|source| BuildError::Drive { id: drive.drive_id.clone(), source })?;
+    let addr = layout::virtio_mmio_addr(index);
+    let irq = FIRST_VIRTIO_IRQ + index;
+    for (queue, evt) in block.queue_events().iter().enumerate() {
+        vm.register_mmio_ioevent(evt, addr + REG_QUEUE_NOTIFY, queue as u32)?;
+    }
+    let irq_evt = eventfd()?;
+    vm.register_irqfd(&irq_evt, irq)?;
+    let block = Arc::new(Mutex::new(block));
+    let transport = MmioTransport::new(block.clone(), mem.clone(), Arc::new(IrqTrigger::new(irq_evt)));
+    mmio.insert(addr, layout::VIRTIO_MMIO_SIZE, Arc::new(Mutex::new(transport)))?;
+    event_loop::add(em, block);
+    Ok((addr, irq))
+}
+
+/// Firecracker's root-device arguments.
+fn root_args(drive: &DriveConfig) -> String {
+    let mode = if drive.is_read_only { "ro" } else { "rw" };
+    match &drive.partuuid {
+        Some(uuid) => format!(" root=PARTUUID={uuid} {mode}"),
+        None => format!(" root=/dev/vda {mode}"),
+    }
+}
+
+fn write_cmdline(mem: &GuestMemory, cmdline: &str) -> Result<(), BuildError> {
+    if cmdline.len() + 1 > CMDLINE_MAX_SIZE {
+        return Err(BuildError::CmdlineTooLong { len: cmdline.len() });
+    }
+    let mut bytes = cmdline.as_bytes().to_vec();
+    bytes.push(0);
+    mem.write_slice(&bytes, GuestAddress(CMDLINE_ADDR))?;
+    Ok(())
+}
+
+fn write_boot_info(
+    mem: &GuestMemory,
+    kernel: &KernelEntry,
+    initrd: Option<InitrdPlacement>,
+    vcpus: u8,
+    mem_bytes: u64,
+    cmdline_size: usize,
+) -> Result<(), BuildError> {
+    let e820 = boot_params::e820_map(&layout::ram_regions(mem_bytes));
+    match kernel.protocol {
+        BootProtocol::Linux64 => {
+            let params = boot_params::zero_page(kernel.setup_header, cmdline_size, initrd, &e820)?;
+            boot_params::write_zero_page(mem, &params)?;
+        }
+        BootProtocol::Pvh => boot_params::write_pvh_info(mem, initrd, &e820)?,
+    }
+    arch::mptable::write(mem, vcpus)?;
+    let gdt = arch::gdt::table(kernel.protocol == BootProtocol::Linux64);
+    for (i, entry) in gdt.iter().enumerate() {
+        mem.write_obj(*entry, GuestAddress(layout::GDT_ADDR + 8 * i as u64))?;
+    }
+    mem.write_obj(0u64, GuestAddress(layout::IDT_ADDR))?;
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! `boot-source`: the kernel, its command line and an optional initrd.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_readable, ConfigError};
+
+/// Firecracker's default command line, used when `boot_args` is absent.
+pub const DEFAULT_BOOT_ARGS: &str =
+    "reboot=k panic=1 pci=off nomodule 8250.nr_uarts=0 i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootSourceConfig {
+    pub kernel_image_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_args: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd_path: Option<String>,
+}
+
+impl BootSourceConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_readable("the kernel image", &self.kernel_image_path)?;
+        if let Some(initrd) = &self.initrd_path {
+            check_readable("the initrd", initrd)?;
+        }
+        if self.boot_args.as_deref().is_some_and(|a| a.contains('\0')) {
+            return Err(ConfigError::BootArgsNul);
+        }
+        Ok(())
+    }
+
+    pub fn boot_args(&self) -> &str {
+        self.boot_args.as_deref().unwrap_or(DEFAULT_BOOT_ARGS)
+    }
+}

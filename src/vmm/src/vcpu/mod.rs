@@ -1,0 +1,110 @@
+//! vCPUs: their boot state (CPUID, MSRs, FPU, LAPIC, and registers for the boot vCPU) and the
+//! thread that runs each of them.
+
+pub mod exit;
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use arch::cpuid::Topology;
+use arch::BootProtocol;
+use devices::Bus;
+use kvm_bindings::{kvm_msr_entry, Msrs};
+use kvm_ioctls::VcpuFd;
+
+use crate::vm::HostCaps;
+use crate::{ExitSignal, VmExit};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot set the CPUID of vCPU {0}: {1}")]
+    Cpuid(u8, #[source] kvm_ioctls::Error),
+    #[error("cannot set the MSRs of vCPU {0}: {1}")]
+    Msrs(u8, String),
+    #[error("cannot set the registers of vCPU {0}: {1}")]
+    Registers(u8, #[source] kvm_ioctls::Error),
+    #[error("cannot start the thread of vCPU {0}: {1}")]
+    Spawn(u8, #[source] std::io::Error),
+}
+
+/// Where the boot vCPU starts.
+#[derive(Debug, Clone, Copy)]
+pub struct BootEntry {
+    pub protocol: BootProtocol,
+    pub entry: u64,
+    pub cr3: u64,
+}
+
+/// One vCPU, configured and ready to run on its own thread.
+#[derive(Debug)]
+pub struct Vcpu {
+    index: u8,
+    fd: VcpuFd,
+    pio: Arc<Bus>,
+    mmio: Arc<Bus>,
+    exit: Arc<ExitSignal>,
+}
+
+impl Vcpu {
+    /// Gives vCPU `topo.cpu_index` its boot state. Only the boot vCPU gets `boot`; the others
+    /// wait in KVM for the guest's INIT/SIPI.
+    pub fn configure(fd: &VcpuFd, topo: Topology, caps: &HostCaps, boot: Option<BootEntry>) -> Result<(), Error> {
+        let index = topo.cpu_index;
+        let mut cpuid = caps.supported_cpuid.clone();
+        arch::cpuid::filter(cpuid.as_mut_slice(), topo);
+        fd.set_cpuid2(&cpuid).map_err(|e| Error::Cpuid(index, e))?;
+
+        let entries: Vec<kvm_msr_entry> = arch::msr::boot_msrs()
+            .into_iter()
+            .filter(|(msr, _)| caps.msr_indices.contains(msr))
+            .map(|(index, data)| kvm_msr_entry { index, data, ..Default::default() })
+            .collect();
+        let msrs = Msrs::from_entries(&entries).map_err(|e| Error::Msrs(index, format!("{e:?}")))?;
+        let written = fd.set_msrs(&msrs).map_err(|e| Error::Msrs(index, e.to_string()))?;
+        if written != entries.len() {
+            let failed = entries[written].index;
+            return Err(Error::Msrs(index, format!("KVM refused MSR {failed:#x}")));
+        }
+
+        fd.set_fpu(&arch::regs::boot_fpu()).map_err(|e| Error::Registers(index, e))?;
+        let mut lapic = fd.get_lapic().map_err(|e| Error::Registers(index, e))?;
+        arch::regs::set_lint_pins(&mut lapic);
+        fd.set_lapic(&lapic).map_err(|e| Error::Registers(index, e))?;
+
+        if let Some(boot) = boot {
+            fd.set_regs(&arch::regs::boot_regs(boot.protocol, boot.entry)).map_err(|e| Error::Registers(index, e))?;
+            let mut sregs = fd.get_sregs().map_err(|e| Error::Registers(index, e))?;
+            arch::regs::boot_sregs(boot.protocol, &mut sregs, boot.cr3);
+            fd.set_sregs(&sregs).map_err(|e| Error::Registers(index, e))?;
+        }
+        Ok(())
+    }
+
+    pub fn new(index: u8, fd: VcpuFd, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<ExitSignal>) -> Self {
+        Vcpu { index, fd, pio, mmio, exit }
+    }
+
+    /// Starts the thread `ember_vcpuN`. It runs until its vCPU stops the VM; the VMM thread
+    /// ends the process (and with it the other vCPU threads) once the VM has stopped.
+    pub fn start(self) -> Result<JoinHandle<()>, Error> {
+        let index = self.index;
+        std::thread::Builder::new()
+            .name(format!("ember_vcpu{index}"))
+            .spawn(move || self.run())
+            .map_err(|e| Error::Spawn(index, e))
+    }
+
+    fn run(mut self) {
+        loop {
+            let outcome = match self.fd.run() {
+                Ok(exit) => exit::handle(exit, self.index, &self.pio, &self.mmio),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => exit::Outcome::Continue,
+                Err(e) => exit::Outcome::Stop(VmExit::VcpuError(format!("vCPU {} failed to run: {e}", self.index))),
+            };
+            if let exit::Outcome::Stop(reason) = outcome {
+                self.exit.report(reason);
+                return;
+            }
+        }
+    }
+}
