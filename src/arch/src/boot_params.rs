@@ -8,8 +8,8 @@ use linux_loader::loader::elf::start_info::{
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
 use crate::layout::{
-    CMDLINE_ADDR, EBDA_START, HIMEM_START, PVH_INFO_ADDR, PVH_MEMMAP_ADDR,
-    PVH_MEMMAP_MAX_ENTRIES, PVH_MODLIST_ADDR, ZERO_PAGE_ADDR,
+    CMDLINE_ADDR, EBDA_START, HIMEM_START, PVH_INFO_ADDR, PVH_MEMMAP_ADDR, PVH_MEMMAP_MAX_ENTRIES,
+    PVH_MODLIST_ADDR, ZERO_PAGE_ADDR,
 };
 
 pub const E820_RAM: u32 = 1;
@@ -51,14 +51,26 @@ pub struct InitrdPlacement {
 /// reserved (the MP table lives there), then every RAM region from 1 MiB on.
 pub fn e820_map(ram: &[(GuestAddress, u64)]) -> Vec<E820Entry> {
     let mut map = vec![
-        E820Entry { addr: 0, size: EBDA_START, kind: E820_RAM },
-        E820Entry { addr: EBDA_START, size: HIMEM_START - EBDA_START, kind: E820_RESERVED },
+        E820Entry {
+            addr: 0,
+            size: EBDA_START,
+            kind: E820_RAM,
+        },
+        E820Entry {
+            addr: EBDA_START,
+            size: HIMEM_START - EBDA_START,
+            kind: E820_RESERVED,
+        },
     ];
     for &(start, size) in ram {
         let begin = start.0.max(HIMEM_START);
         let end = start.0 + size;
         if end > begin {
-            map.push(E820Entry { addr: begin, size: end - begin, kind: E820_RAM });
+            map.push(E820Entry {
+                addr: begin,
+                size: end - begin,
+                kind: E820_RAM,
+            });
         }
     }
     map
@@ -92,7 +104,11 @@ pub fn zero_page(
         return Err(Error::TooManyE820Entries(e820.len()));
     }
     for (slot, entry) in params.e820_table.iter_mut().zip(e820) {
-        *slot = boot_e820_entry { addr: entry.addr, size: entry.size, r#type: entry.kind };
+        *slot = boot_e820_entry {
+            addr: entry.addr,
+            size: entry.size,
+            r#type: entry.kind,
+        };
     }
     params.e820_entries = e820.len() as u8;
     Ok(params)
@@ -131,7 +147,11 @@ pub fn write_pvh_info<M: GuestMemory>(
         mem.write_obj(item, GuestAddress(PVH_MEMMAP_ADDR + 24 * i as u64))?;
     }
     if let Some(initrd) = initrd {
-        let module = hvm_modlist_entry { paddr: initrd.addr, size: initrd.size, ..Default::default() };
+        let module = hvm_modlist_entry {
+            paddr: initrd.addr,
+            size: initrd.size,
+            ..Default::default()
+        };
         mem.write_obj(module, GuestAddress(PVH_MODLIST_ADDR))?;
         info.nr_modules = 1;
         info.modlist_paddr = PVH_MODLIST_ADDR;
@@ -149,16 +169,30 @@ mod tests {
     #[test]
     fn e820_covers_both_sides_of_the_gap() {
         let map = e820_map(&ram_regions(4096 << 20));
-        let ram: u64 = map.iter().filter(|e| e.kind == E820_RAM).map(|e| e.size).sum();
+        let ram: u64 = map
+            .iter()
+            .filter(|e| e.kind == E820_RAM)
+            .map(|e| e.size)
+            .sum();
         assert_eq!(ram, (4096 << 20) - HIMEM_START + EBDA_START);
         assert_eq!(map.last().unwrap().addr, 1 << 32);
-        assert_eq!(map[1], E820Entry { addr: EBDA_START, size: 0x60400, kind: E820_RESERVED });
+        assert_eq!(
+            map[1],
+            E820Entry {
+                addr: EBDA_START,
+                size: 0x60400,
+                kind: E820_RESERVED
+            }
+        );
     }
 
     #[test]
     fn zero_page_fields_sit_where_the_boot_protocol_says() {
         let e820 = e820_map(&ram_regions(128 << 20));
-        let initrd = InitrdPlacement { addr: 0x7000_0000, size: 0x1234 };
+        let initrd = InitrdPlacement {
+            addr: 0x7000_0000,
+            size: 0x1234,
+        };
         let params = zero_page(None, 42, Some(initrd), &e820).unwrap();
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         write_zero_page(&mem, &params).unwrap();
@@ -166,22 +200,37 @@ mod tests {
         let u32_at = |off: u64| mem.read_obj::<u32>(GuestAddress(base + off)).unwrap();
         assert_eq!(mem.read_obj::<u8>(GuestAddress(base + 0x1e8)).unwrap(), 3);
         assert_eq!(u32_at(0x202), HDRS_MAGIC);
-        assert_eq!(mem.read_obj::<u16>(GuestAddress(base + 0x1fe)).unwrap(), 0xaa55);
+        assert_eq!(
+            mem.read_obj::<u16>(GuestAddress(base + 0x1fe)).unwrap(),
+            0xaa55
+        );
         assert_eq!(u32_at(0x228), CMDLINE_ADDR as u32);
         assert_eq!(u32_at(0x218), 0x7000_0000);
         assert_eq!(u32_at(0x21c), 0x1234);
         // The third e820 entry (20 bytes each from 0x2d0): RAM from 1 MiB to 128 MiB.
         let third = base + 0x2d0 + 2 * 20;
-        assert_eq!(mem.read_obj::<u64>(GuestAddress(third)).unwrap(), HIMEM_START);
-        assert_eq!(mem.read_obj::<u64>(GuestAddress(third + 8)).unwrap(), (128 << 20) - HIMEM_START);
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(third + 16)).unwrap(), E820_RAM);
+        assert_eq!(
+            mem.read_obj::<u64>(GuestAddress(third)).unwrap(),
+            HIMEM_START
+        );
+        assert_eq!(
+            mem.read_obj::<u64>(GuestAddress(third + 8)).unwrap(),
+            (128 << 20) - HIMEM_START
+        );
+        assert_eq!(
+            mem.read_obj::<u32>(GuestAddress(third + 16)).unwrap(),
+            E820_RAM
+        );
     }
 
     #[test]
     fn pvh_info_lists_memory_and_initrd() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let e820 = e820_map(&ram_regions(128 << 20));
-        let initrd = InitrdPlacement { addr: 0x10_0000, size: 77 };
+        let initrd = InitrdPlacement {
+            addr: 0x10_0000,
+            size: 77,
+        };
         write_pvh_info(&mem, Some(initrd), &e820).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_ADDR)).unwrap();
         assert_eq!(info.magic, PVH_MAGIC);
@@ -193,8 +242,18 @@ mod tests {
 
     #[test]
     fn too_many_entries_is_an_error() {
-        let e820 = vec![E820Entry { addr: 0, size: 1, kind: E820_RAM }; 200];
-        assert!(matches!(zero_page(None, 1, None, &e820), Err(Error::TooManyE820Entries(200))));
+        let e820 = vec![
+            E820Entry {
+                addr: 0,
+                size: 1,
+                kind: E820_RAM
+            };
+            200
+        ];
+        assert!(matches!(
+            zero_page(None, 1, None, &e820),
+            Err(Error::TooManyE820Entries(200))
+        ));
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         assert!(write_pvh_info(&mem, None, &e820).is_err());
     }

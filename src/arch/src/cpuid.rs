@@ -24,7 +24,11 @@ const LEVEL_CORE: u32 = 2;
 
 impl Topology {
     fn threads_per_core(self) -> u32 {
-        if self.smt { 2 } else { 1 }
+        if self.smt {
+            2
+        } else {
+            1
+        }
     }
 
     /// Bits of the APIC ID that number the threads within a core.
@@ -56,8 +60,13 @@ pub fn filter(entries: &mut [kvm_cpuid_entry2], topo: Topology) {
             }
             LEAF_CACHE => {
                 let level = (entry.eax >> 5) & 0x7;
-                let sharing = if level >= 3 { count } else { topo.threads_per_core() };
-                entry.eax = (entry.eax & 0x3fff) | ((sharing - 1) << 14) | ((cores - 1).min(63) << 26);
+                let sharing = if level >= 3 {
+                    count
+                } else {
+                    topo.threads_per_core()
+                };
+                entry.eax =
+                    (entry.eax & 0x3fff) | ((sharing - 1) << 14) | ((cores - 1).min(63) << 26);
             }
             LEAF_PMU => {
                 (entry.eax, entry.ebx, entry.ecx, entry.edx) = (0, 0, 0, 0);
@@ -92,17 +101,40 @@ mod tests {
     use super::*;
 
     fn leaf(function: u32, index: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 { function, index, eax: 0xffff_ffff, ebx: 0xffff_ffff, ecx: 0, edx: 0, ..Default::default() }
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            eax: 0xffff_ffff,
+            ebx: 0xffff_ffff,
+            ecx: 0,
+            edx: 0,
+            ..Default::default()
+        }
     }
 
     fn fixture() -> Vec<kvm_cpuid_entry2> {
-        vec![leaf(0, 0), leaf(1, 0), leaf(4, 0), leaf(0xa, 0), leaf(0xb, 0), leaf(0xb, 1), leaf(0xb, 2)]
+        vec![
+            leaf(0, 0),
+            leaf(1, 0),
+            leaf(4, 0),
+            leaf(0xa, 0),
+            leaf(0xb, 0),
+            leaf(0xb, 1),
+            leaf(0xb, 2),
+        ]
     }
 
     #[test]
     fn apic_id_and_count_in_leaf_1() {
         let mut entries = fixture();
-        filter(&mut entries, Topology { cpu_index: 3, count: 4, smt: false });
+        filter(
+            &mut entries,
+            Topology {
+                cpu_index: 3,
+                count: 4,
+                smt: false,
+            },
+        );
         let l1 = entries[1];
         assert_eq!(l1.ebx >> 24, 3);
         assert_eq!((l1.ebx >> 16) & 0xff, 4);
@@ -115,7 +147,14 @@ mod tests {
     #[test]
     fn extended_topology_without_smt() {
         let mut entries = fixture();
-        filter(&mut entries, Topology { cpu_index: 2, count: 3, smt: false });
+        filter(
+            &mut entries,
+            Topology {
+                cpu_index: 2,
+                count: 3,
+                smt: false,
+            },
+        );
         let (smt, core, end) = (entries[4], entries[5], entries[6]);
         assert_eq!((smt.eax, smt.ebx, smt.ecx, smt.edx), (0, 1, 0x100, 2));
         assert_eq!((core.eax, core.ebx, core.ecx, core.edx), (2, 3, 0x201, 2));
@@ -125,7 +164,14 @@ mod tests {
     #[test]
     fn smt_pairs_threads() {
         let mut entries = fixture();
-        filter(&mut entries, Topology { cpu_index: 1, count: 4, smt: true });
+        filter(
+            &mut entries,
+            Topology {
+                cpu_index: 1,
+                count: 4,
+                smt: true,
+            },
+        );
         assert_eq!((entries[4].eax, entries[4].ebx), (1, 2));
         assert_eq!((entries[5].eax, entries[5].ebx), (2, 4));
         assert_eq!(entries[2].eax >> 26, 1, "two cores");
@@ -135,7 +181,14 @@ mod tests {
     fn single_cpu_has_no_htt_and_pmu_is_hidden() {
         let mut entries = fixture();
         entries[1].edx = EDX_HTT;
-        filter(&mut entries, Topology { cpu_index: 0, count: 1, smt: false });
+        filter(
+            &mut entries,
+            Topology {
+                cpu_index: 0,
+                count: 1,
+                smt: false,
+            },
+        );
         assert_eq!(entries[1].edx & EDX_HTT, 0);
         assert_eq!((entries[3].eax, entries[3].ebx), (0, 0));
     }

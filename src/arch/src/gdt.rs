@@ -27,8 +27,17 @@ pub fn entry(flags: u16, base: u32, limit: u32) -> u64 {
 
 /// The four-entry table (null, code, data, TSS) for a 64-bit or a 32-bit entry.
 pub fn table(long_mode: bool) -> [u64; 4] {
-    let (code, tss) = if long_mode { (CODE64, TSS64) } else { (CODE32, TSS32) };
-    [0, entry(code, 0, 0xfffff), entry(DATA, 0, 0xfffff), entry(tss, 0, 0xfffff)]
+    let (code, tss) = if long_mode {
+        (CODE64, TSS64)
+    } else {
+        (CODE32, TSS32)
+    };
+    [
+        0,
+        entry(code, 0, 0xfffff),
+        entry(DATA, 0, 0xfffff),
+        entry(tss, 0, 0xfffff),
+    ]
 }
 
 /// The hidden part of a segment register, as the CPU would load it from `descriptor`.
@@ -40,7 +49,11 @@ pub fn segment(descriptor: u64, selector: u16) -> kvm_segment {
     let present = bit(47);
     kvm_segment {
         base,
-        limit: if granular { (raw_limit << 12) | 0xfff } else { raw_limit },
+        limit: if granular {
+            (raw_limit << 12) | 0xfff
+        } else {
+            raw_limit
+        },
         selector,
         type_: ((descriptor >> 40) & 0xf) as u8,
         present,
@@ -62,7 +75,10 @@ mod tests {
     #[test]
     fn long_mode_code_segment_decodes() {
         let seg = segment(entry(CODE64, 0, 0xfffff), CODE_SELECTOR);
-        assert_eq!((seg.l, seg.db, seg.g, seg.s, seg.present, seg.type_), (1, 0, 1, 1, 1, 0xb));
+        assert_eq!(
+            (seg.l, seg.db, seg.g, seg.s, seg.present, seg.type_),
+            (1, 0, 1, 1, 1, 0xb)
+        );
         assert_eq!(seg.limit, 0xffff_ffff);
         assert_eq!(seg.base, 0);
     }

@@ -77,7 +77,10 @@ mod tests {
     fn large_guest_straddles_the_gap() {
         let r = ram_regions(4096 << 20);
         assert_eq!(r[0], (GuestAddress(0), MMIO_GAP_START));
-        assert_eq!(r[1], (GuestAddress(MMIO_GAP_END), (4096 << 20) - MMIO_GAP_START));
+        assert_eq!(
+            r[1],
+            (GuestAddress(MMIO_GAP_END), (4096 << 20) - MMIO_GAP_START)
+        );
     }
 
     #[test]

@@ -50,7 +50,9 @@ pub enum Error {
     BzImage(#[source] linux_loader::loader::Error),
     #[error("cannot read the initrd: {0}")]
     ReadInitrd(#[source] std::io::Error),
-    #[error("the initrd ({size} bytes) does not fit in guest memory below {limit:#x} above the kernel")]
+    #[error(
+        "the initrd ({size} bytes) does not fit in guest memory below {limit:#x} above the kernel"
+    )]
     InitrdTooLarge { size: u64, limit: u64 },
     #[error("cannot copy the initrd into guest memory: {0}")]
     InitrdCopy(#[source] vm_memory::GuestMemoryError),
@@ -63,7 +65,8 @@ pub fn detect(file: &mut File) -> Result<Option<BootFormat>, Error> {
     if file.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC {
         return Ok(Some(BootFormat::Elf));
     }
-    file.seek(SeekFrom::Start(HDRS_OFFSET)).map_err(Error::Read)?;
+    file.seek(SeekFrom::Start(HDRS_OFFSET))
+        .map_err(Error::Read)?;
     if file.read_exact(&mut magic).is_ok() && magic == HDRS {
         return Ok(Some(BootFormat::BzImage));
     }
@@ -89,7 +92,12 @@ pub fn load_kernel<M: GuestMemoryBackend>(mem: &M, file: &mut File) -> Result<Ke
                 PvhBootCapability::PvhEntryPresent(addr) => (BootProtocol::Pvh, addr.0),
                 _ => (BootProtocol::Linux64, loaded.kernel_load.0),
             };
-            Ok(KernelEntry { protocol, entry, end: loaded.kernel_end, setup_header: None })
+            Ok(KernelEntry {
+                protocol,
+                entry,
+                end: loaded.kernel_end,
+                setup_header: None,
+            })
         }
         BootFormat::BzImage => {
             let loaded = BzImage::load(mem, None, file, himem).map_err(Error::BzImage)?;
@@ -125,11 +133,15 @@ pub fn load_initrd<M: GuestMemoryBackend>(
             limit = limit.min(u64::from(hdr.initrd_addr_max) + 1);
         }
     }
-    let addr = initrd_address(size, kernel.end, limit).ok_or(Error::InitrdTooLarge { size, limit })?;
+    let addr =
+        initrd_address(size, kernel.end, limit).ok_or(Error::InitrdTooLarge { size, limit })?;
     file.seek(SeekFrom::Start(0)).map_err(Error::ReadInitrd)?;
     let len = usize::try_from(size).map_err(|_| Error::InitrdTooLarge { size, limit })?;
-    let mut slice = mem.get_slice(GuestAddress(addr), len).map_err(Error::InitrdCopy)?;
-    file.read_exact_volatile(&mut slice).map_err(|e| Error::ReadInitrd(std::io::Error::other(e.to_string())))?;
+    let mut slice = mem
+        .get_slice(GuestAddress(addr), len)
+        .map_err(Error::InitrdCopy)?;
+    file.read_exact_volatile(&mut slice)
+        .map_err(|e| Error::ReadInitrd(std::io::Error::other(e.to_string())))?;
     Ok(InitrdPlacement { addr, size })
 }
 
@@ -139,7 +151,10 @@ mod tests {
 
     #[test]
     fn initrd_goes_high_and_page_aligned() {
-        assert_eq!(initrd_address(0x1800, 0x20_0000, 0x800_0000), Some(0x7ff_e000));
+        assert_eq!(
+            initrd_address(0x1800, 0x20_0000, 0x800_0000),
+            Some(0x7ff_e000)
+        );
     }
 
     #[test]

@@ -63,7 +63,16 @@ pub fn build(cpus: u8, addr: u64) -> Result<Vec<u8>, Error> {
     count += 1;
     for pin in 0..IOAPIC_PINS {
         let kind = if pin == 0 { INT_EXTINT } else { INT_VECTORED };
-        entries.extend_from_slice(&[ENTRY_IO_INTERRUPT, kind, 0, 0, ISA_BUS_ID, pin, ioapic_id, pin]);
+        entries.extend_from_slice(&[
+            ENTRY_IO_INTERRUPT,
+            kind,
+            0,
+            0,
+            ISA_BUS_ID,
+            pin,
+            ioapic_id,
+            pin,
+        ]);
         count += 1;
     }
     for (kind, lint) in [(INT_EXTINT, 0u8), (INT_NMI, 1u8)] {

@@ -11,7 +11,9 @@ const TWO_MIB: u64 = 2 << 20;
 
 /// The 512 page-directory entries that map `[0, 1 GiB)` one to one.
 pub fn identity_pd() -> Vec<u64> {
-    (0..512u64).map(|i| (i * TWO_MIB) | PRESENT_WRITABLE | HUGE_PAGE).collect()
+    (0..512u64)
+        .map(|i| (i * TWO_MIB) | PRESENT_WRITABLE | HUGE_PAGE)
+        .collect()
 }
 
 /// Writes PML4 → PDPT → PD and returns the value for CR3.

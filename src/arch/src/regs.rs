@@ -17,7 +17,11 @@ const RFLAGS_RESERVED: u64 = 0x2;
 
 /// General-purpose registers at the entry point.
 pub fn boot_regs(protocol: BootProtocol, entry: u64) -> kvm_regs {
-    let mut regs = kvm_regs { rflags: RFLAGS_RESERVED, rip: entry, ..Default::default() };
+    let mut regs = kvm_regs {
+        rflags: RFLAGS_RESERVED,
+        rip: entry,
+        ..Default::default()
+    };
     match protocol {
         BootProtocol::Linux64 => {
             regs.rsp = BOOT_STACK_TOP;
@@ -62,7 +66,11 @@ pub fn boot_sregs(protocol: BootProtocol, sregs: &mut kvm_sregs, cr3: u64) {
 
 /// The x87 and SSE control words after FNINIT/reset.
 pub fn boot_fpu() -> kvm_fpu {
-    kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() }
+    kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    }
 }
 
 const APIC_LVT0: usize = 0x350;
@@ -96,19 +104,28 @@ mod tests {
     #[test]
     fn linux64_enters_long_mode_with_the_zero_page_in_rsi() {
         let regs = boot_regs(BootProtocol::Linux64, 0x100_0000);
-        assert_eq!((regs.rip, regs.rsi, regs.rflags), (0x100_0000, ZERO_PAGE_ADDR, 2));
+        assert_eq!(
+            (regs.rip, regs.rsi, regs.rflags),
+            (0x100_0000, ZERO_PAGE_ADDR, 2)
+        );
         let mut sregs = kvm_sregs::default();
         boot_sregs(BootProtocol::Linux64, &mut sregs, 0x9000);
         assert_eq!(sregs.efer & EFER_LMA, EFER_LMA);
         assert_eq!(sregs.cr0 & (CR0_PG | CR0_PE), CR0_PG | CR0_PE);
-        assert_eq!((sregs.cs.l, sregs.cs.selector, sregs.cr3), (1, CODE_SELECTOR, 0x9000));
+        assert_eq!(
+            (sregs.cs.l, sregs.cs.selector, sregs.cr3),
+            (1, CODE_SELECTOR, 0x9000)
+        );
     }
 
     #[test]
     fn pvh_enters_protected_mode_with_start_info_in_rbx() {
         let regs = boot_regs(BootProtocol::Pvh, 0x100_1000);
         assert_eq!(regs.rbx, PVH_INFO_ADDR);
-        let mut sregs = kvm_sregs { cr0: 0x6000_0010, ..Default::default() };
+        let mut sregs = kvm_sregs {
+            cr0: 0x6000_0010,
+            ..Default::default()
+        };
         boot_sregs(BootProtocol::Pvh, &mut sregs, 0);
         assert_eq!(sregs.cr0 & CR0_PG, 0);
         assert_eq!(sregs.cr0 & 0x6000_0000, 0, "caches stay enabled");

@@ -26,7 +26,9 @@ pub struct Bus {
 
 impl std::fmt::Debug for Bus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.ranges.iter().map(|(b, (l, _))| (b, l))).finish()
+        f.debug_list()
+            .entries(self.ranges.iter().map(|(b, (l, _))| (b, l)))
+            .finish()
     }
 }
 
@@ -36,7 +38,10 @@ impl Bus {
     }
 
     pub fn insert(&mut self, base: u64, len: u64, device: SharedDevice) -> Result<(), Error> {
-        let end = base.checked_add(len).filter(|_| len > 0).ok_or(Error::Overlap { base, len })?;
+        let end = base
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(Error::Overlap { base, len })?;
         let before = self.ranges.range(..end).next_back();
         if let Some((&b, &(l, _))) = before {
             if b + l > base {
@@ -106,7 +111,10 @@ mod tests {
         assert_eq!(b[0], 5);
         assert!(bus.write(0x3f8, &[7]));
         assert!(!bus.read(0x400, &mut b));
-        assert!(!bus.read(0x3ff, &mut [0u8; 2]), "access running past the end");
+        assert!(
+            !bus.read(0x3ff, &mut [0u8; 2]),
+            "access running past the end"
+        );
         assert_eq!(dev.lock().unwrap().0, vec![(0, vec![7])]);
     }
 

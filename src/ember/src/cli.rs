@@ -91,11 +91,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
             return Err(Error::Duplicate(name));
         }
         seen.push(name.clone());
-        let takes_value = matches!(name.as_str(), "--api-sock" | "--id" | "--config-file" | "--level" | "--log-path");
+        let takes_value = matches!(
+            name.as_str(),
+            "--api-sock" | "--id" | "--config-file" | "--level" | "--log-path"
+        );
         let value = if takes_value {
             match inline {
                 Some(v) => v,
-                None => args.next().ok_or_else(|| Error::MissingValue(name.clone()))?,
+                None => args
+                    .next()
+                    .ok_or_else(|| Error::MissingValue(name.clone()))?,
             }
         } else {
             if inline.is_some() {
@@ -109,7 +114,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
             "--api-sock" => out.api_sock = value,
             "--id" => {
                 let ok = (1..=64).contains(&value.len())
-                    && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                    && value
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
                 if !ok {
                     return Err(Error::Id(value));
                 }
@@ -136,7 +143,9 @@ mod tests {
 
     #[test]
     fn defaults_match_firecracker() {
-        let Command::Run(a) = args(&[]).unwrap() else { panic!() };
+        let Command::Run(a) = args(&[]).unwrap() else {
+            panic!()
+        };
         assert_eq!(a.api_sock, "/run/firecracker.socket");
         assert_eq!(a.id, "anonymous-instance");
         assert!(!a.no_api && !a.boot_timer);
@@ -145,7 +154,15 @@ mod tests {
 
     #[test]
     fn both_value_spellings() {
-        let Command::Run(a) = args(&["--no-api", "--config-file", "vm.json", "--level=Debug", "--id", "vm-1"]).unwrap() else {
+        let Command::Run(a) = args(&[
+            "--no-api",
+            "--config-file",
+            "vm.json",
+            "--level=Debug",
+            "--id",
+            "vm-1",
+        ])
+        .unwrap() else {
             panic!()
         };
         assert_eq!(a.config_file.as_deref(), Some("vm.json"));
@@ -157,11 +174,20 @@ mod tests {
     #[test]
     fn bad_arguments() {
         assert_eq!(args(&["--bogus"]), Err(Error::Unknown("--bogus".into())));
-        assert_eq!(args(&["--config-file"]), Err(Error::MissingValue("--config-file".into())));
-        assert_eq!(args(&["--no-api=1"]), Err(Error::UnexpectedValue("--no-api".into())));
+        assert_eq!(
+            args(&["--config-file"]),
+            Err(Error::MissingValue("--config-file".into()))
+        );
+        assert_eq!(
+            args(&["--no-api=1"]),
+            Err(Error::UnexpectedValue("--no-api".into()))
+        );
         assert_eq!(args(&["--level", "loud"]), Err(Error::Level("loud".into())));
         assert_eq!(args(&["--id", "a/b"]), Err(Error::Id("a/b".into())));
-        assert_eq!(args(&["--no-api", "--no-api"]), Err(Error::Duplicate("--no-api".into())));
+        assert_eq!(
+            args(&["--no-api", "--no-api"]),
+            Err(Error::Duplicate("--no-api".into()))
+        );
         assert_eq!(args(&["--help", "--bogus"]), Ok(Command::Help));
     }
 }

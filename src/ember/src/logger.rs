@@ -36,10 +36,15 @@ impl log::Log for Logger {
 /// appending.
 pub fn init(id: &str, level: log::LevelFilter, path: Option<&str>) -> std::io::Result<()> {
     let file = match path {
-        Some(p) => Some(Mutex::new(OpenOptions::new().create(true).append(true).open(p)?)),
+        Some(p) => Some(Mutex::new(
+            OpenOptions::new().create(true).append(true).open(p)?,
+        )),
         None => None,
     };
-    let logger = Box::new(Logger { id: id.to_string(), file });
+    let logger = Box::new(Logger {
+        id: id.to_string(),
+        file,
+    });
     if log::set_logger(Box::leak(logger)).is_ok() {
         log::set_max_level(level);
     }

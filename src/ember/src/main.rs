@@ -24,7 +24,10 @@ enum StartError {
     #[error("--no-api needs --config-file PATH")]
     NoConfigFile,
     #[error("cannot read the configuration file {path}: {source}")]
-    ReadConfig { path: String, source: std::io::Error },
+    ReadConfig {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Config(#[from] ConfigError),
     #[error("cannot start the microVM: {0}")]
@@ -50,12 +53,22 @@ fn run() -> Result<i32, StartError> {
         return Err(StartError::ApiUnavailable);
     }
     let path = args.config_file.ok_or(StartError::NoConfigFile)?;
-    let text = std::fs::read_to_string(&path).map_err(|source| StartError::ReadConfig { path: path.clone(), source })?;
+    let text = std::fs::read_to_string(&path).map_err(|source| StartError::ReadConfig {
+        path: path.clone(),
+        source,
+    })?;
     let resources = VmResources::from_json(&text)?;
 
     // A closed stdin simply gives the guest no input.
-    let input = std::io::stdin().as_fd().try_clone_to_owned().ok().map(File::from);
-    let console = Console { output: Box::new(std::io::stdout()), input };
+    let input = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .map(File::from);
+    let console = Console {
+        output: Box::new(std::io::stdout()),
+        input,
+    };
     let vmm = vmm::build(&resources, console)?;
     signals::install(vmm.exit_signal()).map_err(StartError::Signals)?;
 
@@ -63,7 +76,9 @@ fn run() -> Result<i32, StartError> {
     let reason = vmm.run();
     drop(raw);
     match &reason {
-        VmExit::VcpuError(msg) | VmExit::VmmError(msg) => eprintln!("ember: the microVM failed: {msg}"),
+        VmExit::VcpuError(msg) | VmExit::VmmError(msg) => {
+            eprintln!("ember: the microVM failed: {msg}")
+        }
         VmExit::Signal(n) => log::info!("stopped by signal {n}"),
         VmExit::Reset | VmExit::PowerOff => log::info!("the guest ended the microVM ({reason:?})"),
     }

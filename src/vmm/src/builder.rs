@@ -9,7 +9,7 @@ use arch::boot_params::{self, InitrdPlacement};
 use arch::cpuid::Topology;
 use arch::layout::{self, CMDLINE_ADDR, CMDLINE_MAX_SIZE, FIRST_VIRTIO_IRQ, I8042_IRQ, SERIAL_IRQ};
 use arch::{BootProtocol, KernelEntry};
-use devices::legacy::{i8042, I8042, Serial};
+use devices::legacy::{i8042, Serial, I8042};
 use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
@@ -39,9 +39,15 @@ pub enum BuildError {
     #[error("{0}")]
     Vm(#[from] vm::Error),
     #[error("cannot open the kernel image {path}: {source}")]
-    OpenKernel { path: String, source: std::io::Error },
+    OpenKernel {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot open the initrd {path}: {source}")]
-    OpenInitrd { path: String, source: std::io::Error },
+    OpenInitrd {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Load(#[from] arch::loader::Error),
     #[error("the kernel command line is {len} bytes long; at most {} fit", CMDLINE_MAX_SIZE - 1)]
@@ -53,7 +59,10 @@ pub enum BuildError {
     #[error("cannot write the boot tables into guest memory: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
     #[error("drive {id}: {source}")]
-    Drive { id: String, source: devices::virtio::block::Error },
+    Drive {
+        id: String,
+        source: devices::virtio::block::Error,
+    },
     #[error("cannot place a device on the bus: {0}")]
     Bus(#[from] devices::bus::Error),
     #[error("cannot create an eventfd: {0}")]
@@ -70,7 +79,9 @@ pub struct Console {
 
 impl std::fmt::Debug for Console {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Console").field("input", &self.input).finish()
+        f.debug_struct("Console")
+            .field("input", &self.input)
+            .finish()
     }
 }
 
@@ -80,7 +91,10 @@ fn eventfd() -> Result<EventFd, BuildError> {
 
 /// Builds a VM from `resources`, ready for [`Vmm::run`].
 pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildError> {
-    let boot = resources.boot_source.as_ref().ok_or(BuildError::NoBootSource)?;
+    let boot = resources
+        .boot_source
+        .as_ref()
+        .ok_or(BuildError::NoBootSource)?;
     let machine = resources.machine_config;
     let mem_bytes = machine.mem_bytes().map_err(|_| memory::Error::Map {
         mib: machine.mem_size_mib as u64,
@@ -95,13 +109,22 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
     let low_ram_end = mem_bytes.min(layout::MMIO_GAP_START);
     let initrd = match &boot.initrd_path {
         Some(path) => {
-            let mut file = File::open(path).map_err(|source| BuildError::OpenInitrd { path: path.clone(), source })?;
-            Some(arch::loader::load_initrd(&mem, &mut file, &kernel, low_ram_end)?)
+            let mut file = File::open(path).map_err(|source| BuildError::OpenInitrd {
+                path: path.clone(),
+                source,
+            })?;
+            Some(arch::loader::load_initrd(
+                &mem,
+                &mut file,
+                &kernel,
+                low_ram_end,
+            )?)
         }
         None => None,
     };
 
-    let mut event_manager = EventManager::<Subscriber>::new().map_err(|e| BuildError::EventFd(std::io::Error::other(e.to_string())))?;
+    let mut event_manager = EventManager::<Subscriber>::new()
+        .map_err(|e| BuildError::EventFd(std::io::Error::other(e.to_string())))?;
     let exit = Arc::new(ExitSignal::new().map_err(BuildError::EventFd)?);
     let mut pio = Bus::new();
     let mut mmio = Bus::new();
@@ -109,7 +132,14 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
 
     attach_legacy(&vm, &mut pio, &mut event_manager, console, &exit)?;
     for (index, drive) in resources.drives().iter().enumerate() {
-        let (addr, irq) = attach_drive(&vm, &mem, &mut mmio, &mut event_manager, drive, index as u32)?;
+        let (addr, irq) = attach_drive(
+            &vm,
+            &mem,
+            &mut mmio,
+            &mut event_manager,
+            drive,
+            index as u32,
+        )?;
         if drive.is_root_device {
             cmdline.push_str(&root_args(drive));
         }
@@ -117,7 +147,14 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
     }
 
     write_cmdline(&mem, &cmdline)?;
-    write_boot_info(&mem, &kernel, initrd, machine.vcpu_count, mem_bytes, cmdline.len() + 1)?;
+    write_boot_info(
+        &mem,
+        &kernel,
+        initrd,
+        machine.vcpu_count,
+        mem_bytes,
+        cmdline.len() + 1,
+    )?;
     let cr3 = arch::paging::write_identity_tables(&mem)?;
 
     let caps = vm.host_caps()?;
@@ -125,17 +162,40 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
     let mut vcpus = Vec::with_capacity(usize::from(machine.vcpu_count));
     for index in 0..machine.vcpu_count {
         let fd = vm.create_vcpu(index)?;
-        let topo = Topology { cpu_index: index, count: machine.vcpu_count, smt: machine.smt };
-        let entry = (index == 0).then_some(BootEntry { protocol: kernel.protocol, entry: kernel.entry, cr3 });
+        let topo = Topology {
+            cpu_index: index,
+            count: machine.vcpu_count,
+            smt: machine.smt,
+        };
+        let entry = (index == 0).then_some(BootEntry {
+            protocol: kernel.protocol,
+            entry: kernel.entry,
+            cr3,
+        });
         Vcpu::configure(&fd, topo, &caps, entry)?;
-        vcpus.push(Vcpu::new(index, fd, pio.clone(), mmio.clone(), exit.clone()));
+        vcpus.push(Vcpu::new(
+            index,
+            fd,
+            pio.clone(),
+            mmio.clone(),
+            exit.clone(),
+        ));
     }
 
-    Ok(Vmm { event_manager, vcpus, exit, _memory: mem, _vm: vm })
+    Ok(Vmm {
+        event_manager,
+        vcpus,
+        exit,
+        _memory: mem,
+        _vm: vm,
+    })
 }
 
 fn load_kernel(mem: &GuestMemory, path: &str) -> Result<KernelEntry, BuildError> {
-    let mut file = File::open(path).map_err(|source| BuildError::OpenKernel { path: path.to_string(), source })?;
+    let mut file = File::open(path).map_err(|source| BuildError::OpenKernel {
+        path: path.to_string(),
+        source,
+    })?;
     Ok(arch::loader::load_kernel(mem, &mut file)?)
 }
 
@@ -150,7 +210,8 @@ fn attach_legacy(
 ) -> Result<(), BuildError> {
     let serial_irq = eventfd()?;
     vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
-    let serial = Serial::new(serial_irq, console.output, console.input).map_err(BuildError::EventFd)?;
+    let serial =
+        Serial::new(serial_irq, console.output, console.input).map_err(BuildError::EventFd)?;
     let serial = Arc::new(Mutex::new(serial));
     pio.insert(COM1_BASE, COM1_LEN, serial.clone())?;
     event_loop::add(em, serial);
@@ -160,7 +221,13 @@ fn attach_legacy(
     vm.register_irqfd(&kbd_irq, I8042_IRQ)?;
     let i8042 = I8042::new(reset.try_clone().map_err(BuildError::EventFd)?, kbd_irq);
     pio.insert(I8042_BASE, i8042::PORT_RANGE, Arc::new(Mutex::new(i8042)))?;
-    event_loop::add(em, Arc::new(Mutex::new(ExitWatcher { reset, exit: exit.clone() })));
+    event_loop::add(
+        em,
+        Arc::new(Mutex::new(ExitWatcher {
+            reset,
+            exit: exit.clone(),
+        })),
+    );
     Ok(())
 }
 
@@ -182,7 +249,10 @@ fn attach_drive(
             config::CacheType::Writeback => CacheType::Writeback,
         },
     })
-    .map_err(|source| BuildError::Drive { id: drive.drive_id.clone(), source })?;
+    .map_err(|source| BuildError::Drive {
+        id: drive.drive_id.clone(),
+        source,
+    })?;
     let addr = layout::virtio_mmio_addr(index);
     let irq = FIRST_VIRTIO_IRQ + index;
     for (queue, evt) in block.queue_events().iter().enumerate() {
@@ -191,8 +261,16 @@ fn attach_drive(
     let irq_evt = eventfd()?;
     vm.register_irqfd(&irq_evt, irq)?;
     let block = Arc::new(Mutex::new(block));
-    let transport = MmioTransport::new(block.clone(), mem.clone(), Arc::new(IrqTrigger::new(irq_evt)));
-    mmio.insert(addr, layout::VIRTIO_MMIO_SIZE, Arc::new(Mutex::new(transport)))?;
+    let transport = MmioTransport::new(
+        block.clone(),
+        mem.clone(),
+        Arc::new(IrqTrigger::new(irq_evt)),
+    );
+    mmio.insert(
+        addr,
+        layout::VIRTIO_MMIO_SIZE,
+        Arc::new(Mutex::new(transport)),
+    )?;
     event_loop::add(em, block);
     Ok((addr, irq))
 }

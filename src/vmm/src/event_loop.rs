@@ -25,7 +25,9 @@ pub struct Vmm {
 
 impl std::fmt::Debug for Vmm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Vmm").field("vcpus", &self.vcpus.len()).finish()
+        f.debug_struct("Vmm")
+            .field("vcpus", &self.vcpus.len())
+            .finish()
     }
 }
 
@@ -63,7 +65,9 @@ impl MutEventSubscriber for ExitWatcher {
     fn init(&mut self, ops: &mut EventOps) {
         for fd in [&self.reset, self.exit.event()] {
             if let Err(e) = ops.add(Events::new(fd, EventSet::IN)) {
-                self.exit.report(VmExit::VmmError(format!("cannot watch the exit events: {e}")));
+                self.exit.report(VmExit::VmmError(format!(
+                    "cannot watch the exit events: {e}"
+                )));
             }
         }
     }

@@ -63,7 +63,11 @@ pub struct ExitSignal {
 
 impl ExitSignal {
     pub fn new() -> std::io::Result<Self> {
-        Ok(ExitSignal { evt: EventFd::new(libc::EFD_NONBLOCK)?, reason: Mutex::new(None), pending_signal: AtomicI32::new(0) })
+        Ok(ExitSignal {
+            evt: EventFd::new(libc::EFD_NONBLOCK)?,
+            reason: Mutex::new(None),
+            pending_signal: AtomicI32::new(0),
+        })
     }
 
     pub fn report(&self, reason: VmExit) {

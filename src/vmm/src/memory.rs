@@ -14,10 +14,16 @@ pub enum Error {
 /// Maps `mem_bytes` of guest RAM.
 pub fn create(mem_bytes: u64) -> Result<GuestMemory, Error> {
     let mib = mem_bytes >> 20;
-    let too_large = || Error::Map { mib, reason: "it does not fit the host's address space".into() };
+    let too_large = || Error::Map {
+        mib,
+        reason: "it does not fit the host's address space".into(),
+    };
     let regions = arch::layout::ram_regions(mem_bytes)
         .into_iter()
         .map(|(addr, size)| Ok((addr, usize::try_from(size).map_err(|_| too_large())?)))
         .collect::<Result<Vec<(GuestAddress, usize)>, Error>>()?;
-    GuestMemoryMmap::from_ranges(&regions).map_err(|e| Error::Map { mib, reason: e.to_string() })
+    GuestMemoryMmap::from_ranges(&regions).map_err(|e| Error::Map {
+        mib,
+        reason: e.to_string(),
+    })
 }

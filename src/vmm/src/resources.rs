@@ -2,10 +2,13 @@
 //! lands here in one go ([`VmResources::from_json`]); the API will land here one request at a
 //! time through the same `set_*` methods, so both see the same checks.
 
-use crate::config::{parse_json, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VmConfig};
+use crate::config::{
+    parse_json, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VmConfig,
+};
 
 /// virtio-mmio devices get IRQs 5..=23.
-pub const MAX_DRIVES: usize = (arch::layout::LAST_VIRTIO_IRQ - arch::layout::FIRST_VIRTIO_IRQ + 1) as usize;
+pub const MAX_DRIVES: usize =
+    (arch::layout::LAST_VIRTIO_IRQ - arch::layout::FIRST_VIRTIO_IRQ + 1) as usize;
 
 #[derive(Debug, Clone, Default)]
 pub struct VmResources {
@@ -57,14 +60,24 @@ impl VmResources {
         let others = self.drives.iter().filter(|d| d.drive_id != drive.drive_id);
         if drive.is_root_device {
             if let Some(root) = others.clone().find(|d| d.is_root_device) {
-                return Err(ConfigError::TwoRootDevices(root.drive_id.clone(), drive.drive_id));
+                return Err(ConfigError::TwoRootDevices(
+                    root.drive_id.clone(),
+                    drive.drive_id,
+                ));
             }
         }
         let count = others.count() + 1;
         if count > MAX_DRIVES {
-            return Err(ConfigError::TooManyDrives { max: MAX_DRIVES, count });
+            return Err(ConfigError::TooManyDrives {
+                max: MAX_DRIVES,
+                count,
+            });
         }
-        match self.drives.iter_mut().find(|d| d.drive_id == drive.drive_id) {
+        match self
+            .drives
+            .iter_mut()
+            .find(|d| d.drive_id == drive.drive_id)
+        {
             Some(slot) => *slot = drive,
             None => self.drives.push(drive),
         }

@@ -1,7 +1,10 @@
 //! The KVM VM: its file descriptor, the memory slots, the in-kernel irqchip and PIT, and the
 //! eventfds that connect devices to it (ioeventfd for queue kicks, irqfd for interrupts).
 
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{Cap, IoEventAddress, Kvm, VcpuFd, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
@@ -19,7 +22,11 @@ pub enum Error {
     #[error("cannot set up the in-kernel interrupt controller: {0}")]
     Irqchip(#[source] kvm_ioctls::Error),
     #[error("cannot register guest memory with KVM at {addr:#x} ({size} bytes): {source}")]
-    MemorySlot { addr: u64, size: u64, source: kvm_ioctls::Error },
+    MemorySlot {
+        addr: u64,
+        size: u64,
+        source: kvm_ioctls::Error,
+    },
     #[error("cannot read the CPUID that KVM supports: {0}")]
     SupportedCpuid(#[source] kvm_ioctls::Error),
     #[error("cannot read the MSRs that KVM supports: {0}")]
@@ -27,7 +34,10 @@ pub enum Error {
     #[error("cannot connect a device eventfd to KVM: {0}")]
     EventFd(#[source] kvm_ioctls::Error),
     #[error("cannot create vCPU {index}: {source}")]
-    CreateVcpu { index: u8, source: kvm_ioctls::Error },
+    CreateVcpu {
+        index: u8,
+        source: kvm_ioctls::Error,
+    },
 }
 
 /// What the host KVM offers every vCPU, read once per VM.
@@ -58,17 +68,32 @@ impl Vm {
             }
         }
         let fd = kvm.create_vm().map_err(Error::CreateVm)?;
-        fd.set_tss_address(arch::layout::KVM_TSS_ADDR as usize).map_err(Error::Irqchip)?;
+        fd.set_tss_address(arch::layout::KVM_TSS_ADDR as usize)
+            .map_err(Error::Irqchip)?;
         fd.create_irq_chip().map_err(Error::Irqchip)?;
-        let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
         fd.create_pit2(pit).map_err(Error::Irqchip)?;
         Ok(Vm { kvm, fd })
     }
 
     pub fn host_caps(&self) -> Result<HostCaps, Error> {
-        let supported_cpuid = self.kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(Error::SupportedCpuid)?;
-        let msr_indices = self.kvm.get_msr_index_list().map_err(Error::MsrList)?.as_slice().to_vec();
-        Ok(HostCaps { supported_cpuid, msr_indices })
+        let supported_cpuid = self
+            .kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(Error::SupportedCpuid)?;
+        let msr_indices = self
+            .kvm
+            .get_msr_index_list()
+            .map_err(Error::MsrList)?
+            .as_slice()
+            .to_vec();
+        Ok(HostCaps {
+            supported_cpuid,
+            msr_indices,
+        })
     }
 
     /// Gives every region of `mem` to the guest, one KVM slot each.
@@ -84,18 +109,27 @@ impl Vm {
             // SAFETY: the host range [as_ptr, as_ptr + len) is a live mapping owned by `mem`,
             // which the VMM keeps alive (the builder moves it into `Vmm`) for as long as the VM
             // runs; slots do not overlap because guest memory regions do not.
-            unsafe { self.fd.set_user_memory_region(region_info) }.map_err(|source| Error::MemorySlot {
-                addr: region_info.guest_phys_addr,
-                size: region_info.memory_size,
-                source,
+            unsafe { self.fd.set_user_memory_region(region_info) }.map_err(|source| {
+                Error::MemorySlot {
+                    addr: region_info.guest_phys_addr,
+                    size: region_info.memory_size,
+                    source,
+                }
             })?;
         }
         Ok(())
     }
 
     /// Signals `evt` instead of exiting when the guest writes `datamatch` to MMIO `addr`.
-    pub fn register_mmio_ioevent(&self, evt: &EventFd, addr: u64, datamatch: u32) -> Result<(), Error> {
-        self.fd.register_ioevent(evt, &IoEventAddress::Mmio(addr), datamatch).map_err(Error::EventFd)
+    pub fn register_mmio_ioevent(
+        &self,
+        evt: &EventFd,
+        addr: u64,
+        datamatch: u32,
+    ) -> Result<(), Error> {
+        self.fd
+            .register_ioevent(evt, &IoEventAddress::Mmio(addr), datamatch)
+            .map_err(Error::EventFd)
     }
 
     /// Raises interrupt line `gsi` whenever `evt` is written.
@@ -104,6 +138,8 @@ impl Vm {
     }
 
     pub fn create_vcpu(&self, index: u8) -> Result<VcpuFd, Error> {
-        self.fd.create_vcpu(u64::from(index)).map_err(|source| Error::CreateVcpu { index, source })
+        self.fd
+            .create_vcpu(u64::from(index))
+            .map_err(|source| Error::CreateVcpu { index, source })
     }
 }

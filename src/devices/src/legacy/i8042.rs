@@ -55,7 +55,14 @@ pub struct I8042 {
 impl I8042 {
     /// `reset` is signalled on command 0xFE; `irq` is the irqfd of IRQ 1.
     pub fn new(reset: EventFd, irq: EventFd) -> Self {
-        I8042 { reset, irq, ctr: CTR_KBD_INT | 0x44, status: STATUS_SYSTEM | STATUS_UNLOCKED, awaiting: None, output: VecDeque::new() }
+        I8042 {
+            reset,
+            irq,
+            ctr: CTR_KBD_INT | 0x44,
+            status: STATUS_SYSTEM | STATUS_UNLOCKED,
+            awaiting: None,
+            output: VecDeque::new(),
+        }
     }
 
     fn push(&mut self, byte: u8) {
@@ -72,7 +79,10 @@ impl I8042 {
         self.status |= STATUS_LAST_WAS_COMMAND;
         match cmd {
             CMD_READ_CTR => self.push(self.ctr),
-            CMD_WRITE_CTR | CMD_WRITE_OUTPUT_PORT | CMD_WRITE_KBD_OUTPUT | CMD_WRITE_AUX_OUTPUT
+            CMD_WRITE_CTR
+            | CMD_WRITE_OUTPUT_PORT
+            | CMD_WRITE_KBD_OUTPUT
+            | CMD_WRITE_AUX_OUTPUT
             | CMD_WRITE_AUX => self.awaiting = Some(cmd),
             CMD_SELF_TEST => self.push(SELF_TEST_OK),
             CMD_KBD_TEST => self.push(0x00),
@@ -110,7 +120,11 @@ impl I8042 {
     }
 
     fn status(&self) -> u8 {
-        let full = if self.output.is_empty() { 0 } else { STATUS_OUTPUT_FULL };
+        let full = if self.output.is_empty() {
+            0
+        } else {
+            STATUS_OUTPUT_FULL
+        };
         self.status | full
     }
 }
@@ -143,7 +157,10 @@ mod tests {
     use super::*;
 
     fn device() -> I8042 {
-        I8042::new(EventFd::new(libc::EFD_NONBLOCK).unwrap(), EventFd::new(libc::EFD_NONBLOCK).unwrap())
+        I8042::new(
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        )
     }
 
     fn read(dev: &mut I8042, offset: u64) -> u8 {

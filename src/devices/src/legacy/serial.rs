@@ -45,13 +45,19 @@ pub struct Serial {
 
 impl std::fmt::Debug for Serial {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Serial").field("pending", &self.pending.len()).finish()
+        f.debug_struct("Serial")
+            .field("pending", &self.pending.len())
+            .finish()
     }
 }
 
 impl Serial {
     /// `irq` is the irqfd of IRQ 4; `input` is read when it is readable (None: no input).
-    pub fn new(irq: EventFd, output: Box<dyn Write + Send>, input: Option<File>) -> io::Result<Self> {
+    pub fn new(
+        irq: EventFd,
+        output: Box<dyn Write + Send>,
+        input: Option<File>,
+    ) -> io::Result<Self> {
         Ok(Serial {
             uart: vm_superio::Serial::new(IrqFdTrigger(irq), output),
             input,
@@ -118,7 +124,9 @@ impl MutEventSubscriber for Serial {
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
-        let Some(input) = self.input.as_mut() else { return };
+        let Some(input) = self.input.as_mut() else {
+            return;
+        };
         if events.fd() == self.resume.as_raw_fd() {
             let _ = self.resume.read();
             let _ = ops.add(Events::new(input, EventSet::IN));
@@ -128,7 +136,10 @@ impl MutEventSubscriber for Serial {
             return;
         }
         let mut buf = [0u8; 1024];
-        let done = events.event_set().intersects(EventSet::HANG_UP | EventSet::ERROR) && !events.event_set().contains(EventSet::IN);
+        let done = events
+            .event_set()
+            .intersects(EventSet::HANG_UP | EventSet::ERROR)
+            && !events.event_set().contains(EventSet::IN);
         match if done { Ok(0) } else { input.read(&mut buf) } {
             Ok(0) | Err(_) => {
                 let _ = ops.remove(Events::new(input, EventSet::IN));
@@ -166,7 +177,8 @@ mod tests {
     #[test]
     fn guest_output_reaches_the_writer_and_input_beyond_the_fifo_is_kept() {
         let sink = Sink::default();
-        let mut serial = Serial::new(EventFd::new(0).unwrap(), Box::new(sink.clone()), None).unwrap();
+        let mut serial =
+            Serial::new(EventFd::new(0).unwrap(), Box::new(sink.clone()), None).unwrap();
         for b in b"hi" {
             serial.write(0, &[*b]);
         }

@@ -33,7 +33,12 @@ pub trait VirtioDevice: Send {
     /// Writes the configuration space; most devices ignore it.
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// Starts the device on the driver's queues.
-    fn activate(&mut self, mem: GuestMemory, queues: Vec<Queue>, irq: Arc<IrqTrigger>) -> Result<(), ActivateError>;
+    fn activate(
+        &mut self,
+        mem: GuestMemory,
+        queues: Vec<Queue>,
+        irq: Arc<IrqTrigger>,
+    ) -> Result<(), ActivateError>;
     /// Stops the device after a driver reset, returning it to its pre-activation state.
     fn reset(&mut self);
 }
@@ -41,7 +46,9 @@ pub trait VirtioDevice: Send {
 /// Copies `src[offset..]` into `data`, zero-filling whatever lies past the end.
 pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
     data.fill(0);
-    let Ok(start) = usize::try_from(offset) else { return };
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
     if let Some(bytes) = src.get(start..) {
         let n = bytes.len().min(data.len());
         data[..n].copy_from_slice(&bytes[..n]);

@@ -23,7 +23,10 @@ pub struct IrqTrigger {
 
 impl IrqTrigger {
     pub fn new(irqfd: EventFd) -> Self {
-        IrqTrigger { status: AtomicU32::new(0), irqfd }
+        IrqTrigger {
+            status: AtomicU32::new(0),
+            irqfd,
+        }
     }
 
     pub fn irqfd(&self) -> &EventFd {

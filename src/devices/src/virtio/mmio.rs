@@ -68,12 +68,19 @@ pub struct MmioTransport {
 
 impl std::fmt::Debug for MmioTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MmioTransport").field("status", &self.status).field("activated", &self.activated).finish()
+        f.debug_struct("MmioTransport")
+            .field("status", &self.status)
+            .field("activated", &self.activated)
+            .finish()
     }
 }
 
 impl MmioTransport {
-    pub fn new(device: Arc<Mutex<dyn VirtioDevice>>, mem: GuestMemory, irq: Arc<IrqTrigger>) -> Self {
+    pub fn new(
+        device: Arc<Mutex<dyn VirtioDevice>>,
+        mem: GuestMemory,
+        irq: Arc<IrqTrigger>,
+    ) -> Self {
         let queues = fresh_queues(&*lock(&device));
         MmioTransport {
             device,
@@ -139,7 +146,9 @@ impl MmioTransport {
                     let v = u64::from(value);
                     match self.driver_features_sel {
                         0 => self.driver_features = (self.driver_features & !0xffff_ffff) | v,
-                        1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (v << 32),
+                        1 => {
+                            self.driver_features = (self.driver_features & 0xffff_ffff) | (v << 32)
+                        }
                         _ => {}
                     }
                 }
@@ -154,7 +163,9 @@ impl MmioTransport {
     }
 
     fn write_queue_register(&mut self, offset: u64, value: u32) {
-        let Some(q) = self.selected_queue() else { return };
+        let Some(q) = self.selected_queue() else {
+            return;
+        };
         match offset {
             REG_QUEUE_NUM => q.set_size(u16::try_from(value).unwrap_or(0)),
             REG_QUEUE_READY => q.set_ready(value == 1),
@@ -213,17 +224,24 @@ impl MmioTransport {
     /// The driver may accept only offered features, and must accept VIRTIO_F_VERSION_1.
     fn features_acceptable(&self) -> bool {
         let offered = lock(&self.device).avail_features();
-        self.driver_features & !offered == 0 && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0
+        self.driver_features & !offered == 0
+            && self.driver_features & (1 << VIRTIO_F_VERSION_1) != 0
     }
 
     fn activate(&mut self) {
-        let queues_valid = self.queues.iter().all(|q| q.ready() && q.is_valid(&self.mem));
+        let queues_valid = self
+            .queues
+            .iter()
+            .all(|q| q.ready() && q.is_valid(&self.mem));
         let result = if queues_valid {
             // The device owns the queues from here on; a reset gives the transport fresh ones.
             let queues = std::mem::take(&mut self.queues);
             lock(&self.device).activate(self.mem.clone(), queues, self.irq.clone())
         } else {
-            let bad = self.queues.iter().position(|q| !(q.ready() && q.is_valid(&self.mem)));
+            let bad = self
+                .queues
+                .iter()
+                .position(|q| !(q.ready() && q.is_valid(&self.mem)));
             Err(super::ActivateError::InvalidQueue(bad.unwrap_or(0)))
         };
         match result {
@@ -252,7 +270,11 @@ impl MmioTransport {
 }
 
 fn fresh_queues(device: &dyn VirtioDevice) -> Vec<Queue> {
-    device.queue_max_sizes().iter().filter_map(|&max| Queue::new(max).ok()).collect()
+    device
+        .queue_max_sizes()
+        .iter()
+        .filter_map(|&max| Queue::new(max).ok())
+        .collect()
 }
 
 impl BusDevice for MmioTransport {
@@ -275,10 +297,11 @@ impl BusDevice for MmioTransport {
             }
             return;
         }
-        let Ok(bytes) = <[u8; 4]>::try_from(data) else { return };
+        let Ok(bytes) = <[u8; 4]>::try_from(data) else {
+            return;
+        };
         if offset % 4 == 0 {
             self.write_register(offset, u32::from_le_bytes(bytes));
         }
     }
 }
-

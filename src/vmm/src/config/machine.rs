@@ -21,7 +21,12 @@ pub struct MachineConfig {
 impl Default for MachineConfig {
     /// Firecracker's defaults: one vCPU, 128 MiB.
     fn default() -> Self {
-        MachineConfig { vcpu_count: 1, mem_size_mib: 128, smt: false, track_dirty_pages: false }
+        MachineConfig {
+            vcpu_count: 1,
+            mem_size_mib: 128,
+            smt: false,
+            track_dirty_pages: false,
+        }
     }
 }
 

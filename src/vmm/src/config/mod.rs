@@ -31,7 +31,11 @@ pub enum ConfigError {
     #[error("invalid configuration: {0}")]
     Json(String),
     #[error("cannot read {what} {path}: {source}")]
-    Unreadable { what: &'static str, path: String, source: std::io::Error },
+    Unreadable {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
     #[error("vcpu_count must be between 1 and {MAX_VCPUS}, not {0}")]
     VcpuCount(u8),
     #[error("vcpu_count must be 1 or even when smt is enabled, not {0}")]
@@ -73,12 +77,19 @@ pub(crate) fn check_readable(what: &'static str, path: &str) -> Result<(), Confi
     std::fs::File::open(path)
         .and_then(|f| {
             if f.metadata()?.is_dir() {
-                Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "it is a directory"))
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "it is a directory",
+                ))
             } else {
                 Ok(())
             }
         })
-        .map_err(|source| ConfigError::Unreadable { what, path: path.to_string(), source })
+        .map_err(|source| ConfigError::Unreadable {
+            what,
+            path: path.to_string(),
+            source,
+        })
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@ use super::*;
 use crate::resources::VmResources;
 
 fn temp_file(name: &str) -> String {
-    let path = std::env::temp_dir().join(format!("ember-config-test-{}-{name}", std::process::id()));
+    let path =
+        std::env::temp_dir().join(format!("ember-config-test-{}-{name}", std::process::id()));
     std::fs::write(&path, b"x").unwrap();
     path.to_string_lossy().into_owned()
 }
@@ -26,23 +27,43 @@ fn a_full_config_parses_with_firecracker_defaults() {
     assert!(!res.machine_config.smt);
     assert_eq!(res.drives()[0].drive_id, "rootfs", "root drive first");
     assert_eq!(res.drives()[1].cache_type, CacheType::Unsafe);
-    assert!(res.boot_source.unwrap().boot_args().starts_with("reboot=k panic=1"));
+    assert!(res
+        .boot_source
+        .unwrap()
+        .boot_args()
+        .starts_with("reboot=k panic=1"));
 }
 
 #[test]
 fn machine_config_defaults_to_one_vcpu_and_128_mib() {
     let kernel = temp_file("kernel2");
-    let res = VmResources::from_json(&format!(r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}}}"#)).unwrap();
-    assert_eq!((res.machine_config.vcpu_count, res.machine_config.mem_size_mib), (1, 128));
+    let res = VmResources::from_json(&format!(
+        r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}}}"#
+    ))
+    .unwrap();
+    assert_eq!(
+        (
+            res.machine_config.vcpu_count,
+            res.machine_config.mem_size_mib
+        ),
+        (1, 128)
+    );
 }
 
 #[test]
 fn unknown_keys_are_named_at_every_level() {
     let kernel = temp_file("kernel3");
-    let e = error_of(&format!(r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}, "network": 1}}"#));
+    let e = error_of(&format!(
+        r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}, "network": 1}}"#
+    ));
     assert!(e.contains("unknown field `network`"), "{e}");
-    let e = error_of(&format!(r#"{{"boot-source": {{"kernel_image_path": "{kernel}", "cmdline": "x"}}}}"#));
-    assert!(e.contains("boot-source") && e.contains("unknown field `cmdline`"), "{e}");
+    let e = error_of(&format!(
+        r#"{{"boot-source": {{"kernel_image_path": "{kernel}", "cmdline": "x"}}}}"#
+    ));
+    assert!(
+        e.contains("boot-source") && e.contains("unknown field `cmdline`"),
+        "{e}"
+    );
     let e = error_of(&format!(
         r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 1, "vcpus": 2}}}}"#
     ));
@@ -55,7 +76,10 @@ fn wrong_types_name_the_field() {
     let e = error_of(&format!(
         r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}, "machine-config": {{"vcpu_count": "2", "mem_size_mib": 1}}}}"#
     ));
-    assert!(e.contains("machine-config.vcpu_count") && e.contains("invalid type"), "{e}");
+    assert!(
+        e.contains("machine-config.vcpu_count") && e.contains("invalid type"),
+        "{e}"
+    );
     let e = error_of(&format!(
         r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}, "drives": [{{"drive_id": "a", "path_on_host": "{kernel}", "is_root_device": "yes"}}]}}"#
     ));
@@ -73,13 +97,31 @@ fn malformed_json_gives_line_and_column() {
 #[test]
 fn machine_limits() {
     let check = |vcpus: u8, mem: usize, smt: bool| {
-        MachineConfig { vcpu_count: vcpus, mem_size_mib: mem, smt, track_dirty_pages: false }.validate()
+        MachineConfig {
+            vcpu_count: vcpus,
+            mem_size_mib: mem,
+            smt,
+            track_dirty_pages: false,
+        }
+        .validate()
     };
-    assert!(matches!(check(0, 128, false), Err(ConfigError::VcpuCount(0))));
-    assert!(matches!(check(33, 128, false), Err(ConfigError::VcpuCount(33))));
-    assert!(matches!(check(3, 128, true), Err(ConfigError::SmtOddVcpus(3))));
+    assert!(matches!(
+        check(0, 128, false),
+        Err(ConfigError::VcpuCount(0))
+    ));
+    assert!(matches!(
+        check(33, 128, false),
+        Err(ConfigError::VcpuCount(33))
+    ));
+    assert!(matches!(
+        check(3, 128, true),
+        Err(ConfigError::SmtOddVcpus(3))
+    ));
     assert!(matches!(check(1, 0, false), Err(ConfigError::MemoryZero)));
-    assert!(matches!(check(1, usize::MAX, false), Err(ConfigError::MemoryTooLarge(_))));
+    assert!(matches!(
+        check(1, usize::MAX, false),
+        Err(ConfigError::MemoryTooLarge(_))
+    ));
     assert!(check(32, 128, false).is_ok());
     assert!(check(1, 128, true).is_ok());
 }
@@ -97,18 +139,33 @@ fn drive_rules() {
     };
     let mut res = VmResources::default();
     res.add_drive(drive("a", true)).unwrap();
-    assert!(matches!(res.add_drive(drive("b", true)), Err(ConfigError::TwoRootDevices(..))));
-    assert!(matches!(res.add_drive(drive("a", false)), Err(ConfigError::DuplicateDriveId(_))));
-    assert!(matches!(res.add_drive(drive("bad id", false)), Err(ConfigError::DriveId(_))));
+    assert!(matches!(
+        res.add_drive(drive("b", true)),
+        Err(ConfigError::TwoRootDevices(..))
+    ));
+    assert!(matches!(
+        res.add_drive(drive("a", false)),
+        Err(ConfigError::DuplicateDriveId(_))
+    ));
+    assert!(matches!(
+        res.add_drive(drive("bad id", false)),
+        Err(ConfigError::DriveId(_))
+    ));
     let mut missing = drive("c", false);
     missing.path_on_host = "/nonexistent/disk.img".into();
     let e = res.add_drive(missing).unwrap_err().to_string();
-    assert!(e.contains("/nonexistent/disk.img") && e.contains("No such file"), "{e}");
+    assert!(
+        e.contains("/nonexistent/disk.img") && e.contains("No such file"),
+        "{e}"
+    );
     res.replace_drive(drive("a", false)).unwrap();
     res.add_drive(drive("b", true)).unwrap();
     assert_eq!(res.drives()[0].drive_id, "b");
     for i in 0..(crate::resources::MAX_DRIVES - 2) {
         res.add_drive(drive(&format!("d{i}"), false)).unwrap();
     }
-    assert!(matches!(res.add_drive(drive("last", false)), Err(ConfigError::TooManyDrives { .. })));
+    assert!(matches!(
+        res.add_drive(drive("last", false)),
+        Err(ConfigError::TooManyDrives { .. })
+    ));
 }

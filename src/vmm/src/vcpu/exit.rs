@@ -91,14 +91,28 @@ mod tests {
     fn port_and_mmio_accesses_reach_the_device() {
         let (pio, mmio, dev) = buses();
         let mut b = [0u8; 1];
-        assert_eq!(handle(VcpuExit::IoIn(0x3fd, &mut b), 0, &pio, &mmio), Outcome::Continue);
+        assert_eq!(
+            handle(VcpuExit::IoIn(0x3fd, &mut b), 0, &pio, &mmio),
+            Outcome::Continue
+        );
         assert_eq!(b[0], 0x45);
-        assert_eq!(handle(VcpuExit::IoOut(0x3f8, b"A"), 0, &pio, &mmio), Outcome::Continue);
+        assert_eq!(
+            handle(VcpuExit::IoOut(0x3f8, b"A"), 0, &pio, &mmio),
+            Outcome::Continue
+        );
         let mut w = [0u8; 4];
         handle(VcpuExit::MmioRead(0xd000_0070, &mut w), 0, &pio, &mmio);
         assert_eq!(w, [0x40 + 0x70; 4]);
-        handle(VcpuExit::MmioWrite(0xd000_0050, &[1, 0, 0, 0]), 0, &pio, &mmio);
-        assert_eq!(dev.lock().unwrap().0, vec![(0, b"A".to_vec()), (0x50, vec![1, 0, 0, 0])]);
+        handle(
+            VcpuExit::MmioWrite(0xd000_0050, &[1, 0, 0, 0]),
+            0,
+            &pio,
+            &mmio,
+        );
+        assert_eq!(
+            dev.lock().unwrap().0,
+            vec![(0, b"A".to_vec()), (0x50, vec![1, 0, 0, 0])]
+        );
     }
 
     #[test]
@@ -115,15 +129,27 @@ mod tests {
     #[test]
     fn reset_shutdown_and_failures_stop_the_vm() {
         let (pio, mmio, _) = buses();
-        assert_eq!(handle(VcpuExit::Shutdown, 0, &pio, &mmio), Outcome::Stop(VmExit::Reset));
         assert_eq!(
-            handle(VcpuExit::SystemEvent(KVM_SYSTEM_EVENT_SHUTDOWN, &[]), 0, &pio, &mmio),
+            handle(VcpuExit::Shutdown, 0, &pio, &mmio),
+            Outcome::Stop(VmExit::Reset)
+        );
+        assert_eq!(
+            handle(
+                VcpuExit::SystemEvent(KVM_SYSTEM_EVENT_SHUTDOWN, &[]),
+                0,
+                &pio,
+                &mmio
+            ),
             Outcome::Stop(VmExit::PowerOff)
         );
-        let Outcome::Stop(VmExit::VcpuError(msg)) = handle(VcpuExit::InternalError, 2, &pio, &mmio) else {
+        let Outcome::Stop(VmExit::VcpuError(msg)) = handle(VcpuExit::InternalError, 2, &pio, &mmio)
+        else {
             panic!("internal error must stop the VM");
         };
         assert!(msg.contains("vCPU 2"));
-        assert!(matches!(handle(VcpuExit::FailEntry(0x21, 1), 0, &pio, &mmio), Outcome::Stop(VmExit::VcpuError(_))));
+        assert!(matches!(
+            handle(VcpuExit::FailEntry(0x21, 1), 0, &pio, &mmio),
+            Outcome::Stop(VmExit::VcpuError(_))
+        ));
     }
 }

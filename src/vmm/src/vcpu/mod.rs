@@ -48,7 +48,12 @@ pub struct Vcpu {
 impl Vcpu {
     /// Gives vCPU `topo.cpu_index` its boot state. Only the boot vCPU gets `boot`; the others
     /// wait in KVM for the guest's INIT/SIPI.
-    pub fn configure(fd: &VcpuFd, topo: Topology, caps: &HostCaps, boot: Option<BootEntry>) -> Result<(), Error> {
+    pub fn configure(
+        fd: &VcpuFd,
+        topo: Topology,
+        caps: &HostCaps,
+        boot: Option<BootEntry>,
+    ) -> Result<(), Error> {
         let index = topo.cpu_index;
         let mut cpuid = caps.supported_cpuid.clone();
         arch::cpuid::filter(cpuid.as_mut_slice(), topo);
@@ -57,31 +62,54 @@ impl Vcpu {
         let entries: Vec<kvm_msr_entry> = arch::msr::boot_msrs()
             .into_iter()
             .filter(|(msr, _)| caps.msr_indices.contains(msr))
-            .map(|(index, data)| kvm_msr_entry { index, data, ..Default::default() })
+            .map(|(index, data)| kvm_msr_entry {
+                index,
+                data,
+                ..Default::default()
+            })
             .collect();
-        let msrs = Msrs::from_entries(&entries).map_err(|e| Error::Msrs(index, format!("{e:?}")))?;
-        let written = fd.set_msrs(&msrs).map_err(|e| Error::Msrs(index, e.to_string()))?;
+        let msrs =
+            Msrs::from_entries(&entries).map_err(|e| Error::Msrs(index, format!("{e:?}")))?;
+        let written = fd
+            .set_msrs(&msrs)
+            .map_err(|e| Error::Msrs(index, e.to_string()))?;
         if written != entries.len() {
             let failed = entries[written].index;
             return Err(Error::Msrs(index, format!("KVM refused MSR {failed:#x}")));
         }
 
-        fd.set_fpu(&arch::regs::boot_fpu()).map_err(|e| Error::Registers(index, e))?;
+        fd.set_fpu(&arch::regs::boot_fpu())
+            .map_err(|e| Error::Registers(index, e))?;
         let mut lapic = fd.get_lapic().map_err(|e| Error::Registers(index, e))?;
         arch::regs::set_lint_pins(&mut lapic);
-        fd.set_lapic(&lapic).map_err(|e| Error::Registers(index, e))?;
+        fd.set_lapic(&lapic)
+            .map_err(|e| Error::Registers(index, e))?;
 
         if let Some(boot) = boot {
-            fd.set_regs(&arch::regs::boot_regs(boot.protocol, boot.entry)).map_err(|e| Error::Registers(index, e))?;
+            fd.set_regs(&arch::regs::boot_regs(boot.protocol, boot.entry))
+                .map_err(|e| Error::Registers(index, e))?;
             let mut sregs = fd.get_sregs().map_err(|e| Error::Registers(index, e))?;
             arch::regs::boot_sregs(boot.protocol, &mut sregs, boot.cr3);
-            fd.set_sregs(&sregs).map_err(|e| Error::Registers(index, e))?;
+            fd.set_sregs(&sregs)
+                .map_err(|e| Error::Registers(index, e))?;
         }
         Ok(())
     }
 
-    pub fn new(index: u8, fd: VcpuFd, pio: Arc<Bus>, mmio: Arc<Bus>, exit: Arc<ExitSignal>) -> Self {
-        Vcpu { index, fd, pio, mmio, exit }
+    pub fn new(
+        index: u8,
+        fd: VcpuFd,
+        pio: Arc<Bus>,
+        mmio: Arc<Bus>,
+        exit: Arc<ExitSignal>,
+    ) -> Self {
+        Vcpu {
+            index,
+            fd,
+            pio,
+            mmio,
+            exit,
+        }
     }
 
     /// Starts the thread `ember_vcpuN`. It runs until its vCPU stops the VM; the VMM thread
@@ -98,8 +126,13 @@ impl Vcpu {
         loop {
             let outcome = match self.fd.run() {
                 Ok(exit) => exit::handle(exit, self.index, &self.pio, &self.mmio),
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => exit::Outcome::Continue,
-                Err(e) => exit::Outcome::Stop(VmExit::VcpuError(format!("vCPU {} failed to run: {e}", self.index))),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    exit::Outcome::Continue
+                }
+                Err(e) => exit::Outcome::Stop(VmExit::VcpuError(format!(
+                    "vCPU {} failed to run: {e}",
+                    self.index
+                ))),
             };
             if let exit::Outcome::Stop(reason) = outcome {
                 self.exit.report(reason);

@@ -47,9 +47,15 @@ pub struct BlockConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot open the disk image {path}: {source}")]
-    Open { path: PathBuf, source: std::io::Error },
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot find the size of the disk image {path}: {source}")]
-    Size { path: PathBuf, source: std::io::Error },
+    Size {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot create the queue eventfd: {0}")]
     EventFd(std::io::Error),
 }
@@ -76,15 +82,28 @@ pub struct Block {
 
 impl std::fmt::Debug for Block {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Block").field("id", &self.id).field("capacity", &self.capacity).finish()
+        f.debug_struct("Block")
+            .field("id", &self.id)
+            .field("capacity", &self.capacity)
+            .finish()
     }
 }
 
 impl Block {
     pub fn new(config: &BlockConfig) -> Result<Self, Error> {
-        let open_error = |source| Error::Open { path: config.path.clone(), source };
-        let mut disk = OpenOptions::new().read(true).write(!config.read_only).open(&config.path).map_err(open_error)?;
-        let len = disk.seek(SeekFrom::End(0)).map_err(|source| Error::Size { path: config.path.clone(), source })?;
+        let open_error = |source| Error::Open {
+            path: config.path.clone(),
+            source,
+        };
+        let mut disk = OpenOptions::new()
+            .read(true)
+            .write(!config.read_only)
+            .open(&config.path)
+            .map_err(open_error)?;
+        let len = disk.seek(SeekFrom::End(0)).map_err(|source| Error::Size {
+            path: config.path.clone(),
+            source,
+        })?;
         let capacity = len - len % SECTOR_SIZE;
         let mut avail_features = 1u64 << VIRTIO_F_VERSION_1;
         if config.read_only {
@@ -109,7 +128,9 @@ impl Block {
 
     /// Serves every request the guest has made available; true if any was completed.
     pub fn process_queue(&mut self) -> bool {
-        let Some(mut active) = self.active.take() else { return false };
+        let Some(mut active) = self.active.take() else {
+            return false;
+        };
         let mut used_any = false;
         while let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) {
             let head = chain.head_index();
@@ -151,12 +172,19 @@ impl Block {
                 if write && self.read_only {
                     return Err(VIRTIO_BLK_S_IOERR);
                 }
-                let start = request.sector.checked_mul(SECTOR_SIZE).ok_or(VIRTIO_BLK_S_IOERR)?;
-                let end = start.checked_add(request.data_len()).ok_or(VIRTIO_BLK_S_IOERR)?;
+                let start = request
+                    .sector
+                    .checked_mul(SECTOR_SIZE)
+                    .ok_or(VIRTIO_BLK_S_IOERR)?;
+                let end = start
+                    .checked_add(request.data_len())
+                    .ok_or(VIRTIO_BLK_S_IOERR)?;
                 if end > self.capacity {
                     return Err(VIRTIO_BLK_S_IOERR);
                 }
-                self.disk.seek(SeekFrom::Start(start)).map_err(|_| VIRTIO_BLK_S_IOERR)?;
+                self.disk
+                    .seek(SeekFrom::Start(start))
+                    .map_err(|_| VIRTIO_BLK_S_IOERR)?;
                 for &(addr, len) in &request.data {
                     let len = len as usize;
                     let done = if write {
@@ -182,7 +210,8 @@ impl Block {
                 let mut written = 0u32;
                 for &(addr, len) in &request.data {
                     let n = remaining.len().min(len as usize);
-                    mem.write_slice(&remaining[..n], addr).map_err(|_| VIRTIO_BLK_S_IOERR)?;
+                    mem.write_slice(&remaining[..n], addr)
+                        .map_err(|_| VIRTIO_BLK_S_IOERR)?;
                     remaining = &remaining[n..];
                     written += n as u32;
                 }
@@ -218,9 +247,18 @@ impl VirtioDevice for Block {
         read_config_bytes(&self.config_space, offset, data);
     }
 
-    fn activate(&mut self, mem: GuestMemory, queues: Vec<Queue>, irq: Arc<IrqTrigger>) -> Result<(), ActivateError> {
+    fn activate(
+        &mut self,
+        mem: GuestMemory,
+        queues: Vec<Queue>,
+        irq: Arc<IrqTrigger>,
+    ) -> Result<(), ActivateError> {
         let found = queues.len();
-        let queue = queues.into_iter().next().filter(|_| found == 1).ok_or(ActivateError::QueueCount { expected: 1, found })?;
+        let queue = queues
+            .into_iter()
+            .next()
+            .filter(|_| found == 1)
+            .ok_or(ActivateError::QueueCount { expected: 1, found })?;
         if !queue.is_valid(&mem) {
             return Err(ActivateError::InvalidQueue(0));
         }
@@ -250,4 +288,3 @@ impl MutEventSubscriber for Block {
         }
     }
 }
-

@@ -83,23 +83,41 @@ impl Request {
         if header.is_write_only() || header.len() < HEADER_LEN {
             return Err(RequestError::BadHeader);
         }
-        let kind_raw: u32 = mem.read_obj(header.addr()).map_err(|_| RequestError::HeaderOutsideMemory)?;
-        let sector_addr = header.addr().checked_add(8).ok_or(RequestError::HeaderOutsideMemory)?;
-        let sector: u64 = mem.read_obj(sector_addr).map_err(|_| RequestError::HeaderOutsideMemory)?;
+        let kind_raw: u32 = mem
+            .read_obj(header.addr())
+            .map_err(|_| RequestError::HeaderOutsideMemory)?;
+        let sector_addr = header
+            .addr()
+            .checked_add(8)
+            .ok_or(RequestError::HeaderOutsideMemory)?;
+        let sector: u64 = mem
+            .read_obj(sector_addr)
+            .map_err(|_| RequestError::HeaderOutsideMemory)?;
         let kind = RequestType::from(kind_raw);
 
         let (status, data) = rest.split_last().ok_or(RequestError::BadStatus)?;
-        if !status.is_write_only() || status.len() < 1 || !mem.check_range(status.addr(), 1, Permissions::Write) {
+        if !status.is_write_only()
+            || status.len() < 1
+            || !mem.check_range(status.addr(), 1, Permissions::Write)
+        {
             return Err(RequestError::BadStatus);
         }
         let device_writes = matches!(kind, RequestType::In | RequestType::GetId);
         let mut buffers = Vec::with_capacity(data.len());
         let mut total: u64 = 0;
         for d in data {
-            if matches!(kind, RequestType::In | RequestType::Out | RequestType::GetId) && d.is_write_only() != device_writes {
+            if matches!(
+                kind,
+                RequestType::In | RequestType::Out | RequestType::GetId
+            ) && d.is_write_only() != device_writes
+            {
                 return Err(RequestError::WrongDirection);
             }
-            let access = if d.is_write_only() { Permissions::Write } else { Permissions::Read };
+            let access = if d.is_write_only() {
+                Permissions::Write
+            } else {
+                Permissions::Read
+            };
             if !mem.check_range(d.addr(), d.len() as usize, access) {
                 return Err(RequestError::BufferOutsideMemory);
             }
@@ -112,6 +130,11 @@ impl Request {
         if matches!(kind, RequestType::In | RequestType::Out) && total % SECTOR_SIZE != 0 {
             return Err(RequestError::PartialSector);
         }
-        Ok(Request { kind, sector, data: buffers, status: status.addr() })
+        Ok(Request {
+            kind,
+            sector,
+            data: buffers,
+            status: status.addr(),
+        })
     }
 }

@@ -1,0 +1,354 @@
+/*
+ * Ember's test guest. It reports, one line per check on COM1, what the VMM gave it: how it
+ * was booted, the command line, the e820 map, the initrd, the CPUs in the MP table and how
+ * many came up after INIT/SIPI, and what its own virtio-blk driver sees on every disk the
+ * command line lists. Then it resets through the i8042. Tests read these lines.
+ *
+ * Command-line words it understands:
+ *   quick       print one line and reset (the start-up benchmark)
+ *   nosmp       do not start the APs
+ *   hang        never reset (for signal tests)
+ */
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long u64;
+
+#define BOOT_PVH 1
+#define BOOT_LINUX64 2
+#define AP_BASE 0x10000UL
+#define LAPIC 0xfee00000UL
+
+extern volatile u32 ap_count;
+extern u8 ap_trampoline[], ap_trampoline_end[];
+
+void *memset(void *d, int c, u64 n) { u8 *p = d; while (n--) *p++ = (u8)c; return d; }
+void *memcpy(void *d, const void *s, u64 n) { u8 *p = d; const u8 *q = s; while (n--) *p++ = *q++; return d; }
+int memcmp(const void *a, const void *b, u64 n) {
+    const u8 *p = a, *q = b;
+    for (; n; n--, p++, q++) if (*p != *q) return *p - *q;
+    return 0;
+}
+
+static inline void outb(u16 port, u8 v) { __asm__ volatile("outb %0, %1" :: "a"(v), "Nd"(port)); }
+static inline void barrier(void) { __asm__ volatile("mfence" ::: "memory"); }
+static inline void pause(void) { __asm__ volatile("pause" ::: "memory"); }
+static inline u32 rd32(u64 a) { return *(volatile u32 *)a; }
+static inline void wr32(u64 a, u32 v) { *(volatile u32 *)a = v; }
+static inline u64 rd64(u64 a) { return *(volatile u64 *)a; }
+
+/* The emulated UART is always ready to send, so no LSR polling. */
+static void putc(char c) { outb(0x3f8, (u8)c); }
+static void puts(const char *s) { while (*s) putc(*s++); }
+static void puthex(u64 v) {
+    char b[19]; int i = 18; b[i] = 0;
+    do { b[--i] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v);
+    b[--i] = 'x'; b[--i] = '0';
+    puts(&b[i]);
+}
+static void putdec(u64 v) {
+    char b[21]; int i = 20; b[i] = 0;
+    do { b[--i] = (char)('0' + v % 10); v /= 10; } while (v);
+    puts(&b[i]);
+}
+static void line(const char *s) { puts("guest: "); puts(s); }
+static void end(void) { putc('\n'); }
+
+static u32 fnv1a(const u8 *p, u64 n) {
+    u32 h = 2166136261u;
+    while (n--) { h ^= *p++; h *= 16777619u; }
+    return h;
+}
+
+static u64 strlen(const char *s) { u64 n = 0; while (s[n]) n++; return n; }
+
+/* True if the command line contains `word` as a whole word. */
+static const char *cmdline = "";
+static int has_word(const char *word) {
+    u64 n = strlen(word);
+    for (const char *p = cmdline; *p; p++) {
+        if ((p == cmdline || p[-1] == ' ') && !memcmp(p, word, n) && (p[n] == 0 || p[n] == ' ' || p[n] == '='))
+            return 1;
+    }
+    return 0;
+}
+
+static __attribute__((noreturn)) void reset(void) {
+    if (has_word("hang")) {
+        line("hanging"); end();
+        for (;;) __asm__ volatile("hlt");
+    }
+    outb(0x64, 0xfe);
+    for (;;) __asm__ volatile("hlt");
+}
+
+/* ---- Boot information ---------------------------------------------------------------- */
+
+static void report_e820_entry(u64 addr, u64 size, u32 type, u64 *ram, u64 *top) {
+    line("e820 addr="); puthex(addr); puts(" size="); puthex(size); puts(" type="); putdec(type); end();
+    if (type == 1) { *ram += size; if (addr + size > *top) *top = addr + size; }
+}
+
+static void report_initrd(u64 addr, u64 size) {
+    if (!size) { line("initrd none"); end(); return; }
+    line("initrd addr="); puthex(addr); puts(" size="); putdec(size);
+    puts(" fnv="); puthex(fnv1a((const u8 *)addr, size)); end();
+}
+
+static void read_boot_info(int kind, u64 info) {
+    u64 ram = 0, top = 0;
+    if (kind == BOOT_PVH) {
+        line("boot=pvh magic="); puthex(rd32(info)); end();
+        cmdline = (const char *)rd64(info + 24);
+        u64 map = rd64(info + 40);
+        u32 entries = rd32(info + 48);
+        for (u32 i = 0; i < entries; i++)
+            report_e820_entry(rd64(map + 24 * i), rd64(map + 24 * i + 8), rd32(map + 24 * i + 16), &ram, &top);
+        u32 modules = rd32(info + 12);
+        u64 modlist = rd64(info + 16);
+        if (modules) report_initrd(rd64(modlist), rd64(modlist + 8));
+        else report_initrd(0, 0);
+    } else {
+        u8 *zp = (u8 *)info;
+        line("boot=linux64 setup_version="); puthex(*(u16 *)(zp + 0x206));
+        puts(" loader="); puthex(zp[0x210]); end();
+        cmdline = (const char *)(u64)*(u32 *)(zp + 0x228);
+        u8 entries = zp[0x1e8];
+        for (u32 i = 0; i < entries; i++) {
+            u8 *e = zp + 0x2d0 + 20 * i;
+            report_e820_entry(*(u64 *)e, *(u64 *)(e + 8), *(u32 *)(e + 16), &ram, &top);
+        }
+        u64 addr = *(u32 *)(zp + 0x218) | ((u64)*(u32 *)(zp + 0xc0) << 32);
+        u64 size = *(u32 *)(zp + 0x21c) | ((u64)*(u32 *)(zp + 0xc4) << 32);
+        report_initrd(addr, size);
+    }
+    line("ram_bytes="); puthex(ram); puts(" ram_top="); puthex(top); end();
+    line("cmdline="); puts(cmdline); end();
+}
+
+/* ---- CPUs: MP table and INIT/SIPI ------------------------------------------------------ */
+
+static u8 sum(const u8 *p, u64 n) { u8 s = 0; while (n--) s += *p++; return s; }
+
+static const u8 *find_mp(u64 start, u64 end) {
+    for (u64 a = start; a + 16 <= end; a += 16) {
+        const u8 *p = (const u8 *)a;
+        if (!memcmp(p, "_MP_", 4) && sum(p, 16) == 0) return p;
+    }
+    return 0;
+}
+
+static u32 cpu_ids[64];
+
+static u32 read_mptable(void) {
+    const u8 *fp = find_mp(0x9fc00, 0xa0000);
+    if (!fp) fp = find_mp(0xf0000, 0x100000);
+    if (!fp) { line("mptable missing"); end(); return 0; }
+    const u8 *t = (const u8 *)(u64)*(const u32 *)(fp + 4);
+    u16 len = *(const u16 *)(t + 4);
+    if (memcmp(t, "PCMP", 4) || sum(t, len)) { line("mptable bad-checksum"); end(); return 0; }
+    u16 count = *(const u16 *)(t + 34);
+    const u8 *e = t + 44;
+    u32 cpus = 0;
+    for (u16 i = 0; i < count && e < t + len; i++) {
+        if (e[0] == 0) {
+            if ((e[3] & 1) && cpus < 64) cpu_ids[cpus++] = e[1];
+            e += 20;
+        } else {
+            e += 8;
+        }
+    }
+    line("mptable cpus="); putdec(cpus); puts(" checksum=ok"); end();
+    return cpus;
+}
+
+static void spin(u64 n) { while (n--) pause(); }
+
+static void start_aps(u32 cpus) {
+    memcpy((void *)AP_BASE, ap_trampoline, (u64)(ap_trampoline_end - ap_trampoline));
+    barrier();
+    wr32(LAPIC + 0xf0, rd32(LAPIC + 0xf0) | 0x100);     /* software-enable the local APIC */
+    u32 self = rd32(LAPIC + 0x20) >> 24;
+    for (u32 i = 0; i < cpus; i++) {
+        if (cpu_ids[i] == self) continue;
+        wr32(LAPIC + 0x310, cpu_ids[i] << 24);
+        wr32(LAPIC + 0x300, 0x4500);                    /* INIT */
+        spin(10000);
+        for (int k = 0; k < 2; k++) {
+            wr32(LAPIC + 0x310, cpu_ids[i] << 24);
+            wr32(LAPIC + 0x300, 0x4600 | (AP_BASE >> 12)); /* STARTUP */
+            spin(2000);
+        }
+    }
+    for (u64 t = 0; t < 400000000UL && ap_count + 1 < cpus; t++) pause();
+    line("smp online="); putdec(ap_count + 1); end();
+}
+
+/* ---- virtio-mmio block driver ---------------------------------------------------------- */
+
+#define QSZ 8
+#define VIRTQ_DESC_F_NEXT 1
+#define VIRTQ_DESC_F_WRITE 2
+
+struct desc { u64 addr; u32 len; u16 flags; u16 next; };
+struct vq {
+    struct desc d[QSZ];
+    u16 avail_flags, avail_idx, avail_ring[QSZ], used_event;
+    u8 pad[4096 - 16 * QSZ - 6 - 2 * QSZ];
+    u16 used_flags;
+    volatile u16 used_idx;
+    struct { u32 id, len; } used_ring[QSZ];
+    u16 avail_event;
+} __attribute__((aligned(4096)));
+
+struct blk {
+    u64 base;
+    u64 sectors;
+    u64 features;
+    u16 last_used;
+    struct vq q;
+};
+
+static struct blk disks[8];
+static u8 header[16] __attribute__((aligned(16)));
+static u8 buf[4096] __attribute__((aligned(4096)));
+static u8 disk0_head[4096];
+static volatile u8 status;
+
+enum { T_IN = 0, T_OUT = 1, T_FLUSH = 4, T_GET_ID = 8 };
+
+static int blk_init(struct blk *b) {
+    u64 base = b->base;
+    if (rd32(base) != 0x74726976 || rd32(base + 4) != 2 || rd32(base + 8) != 2) return 0;
+    wr32(base + 0x70, 0);
+    wr32(base + 0x70, 1);
+    wr32(base + 0x70, 1 | 2);
+    wr32(base + 0x14, 0); u64 f = rd32(base + 0x10);
+    wr32(base + 0x14, 1); f |= (u64)rd32(base + 0x10) << 32;
+    b->features = f;
+    u64 want = f & ((1UL << 32) | (1UL << 5) | (1UL << 9));   /* VERSION_1, RO, FLUSH */
+    wr32(base + 0x24, 0); wr32(base + 0x20, (u32)want);
+    wr32(base + 0x24, 1); wr32(base + 0x20, (u32)(want >> 32));
+    wr32(base + 0x70, 1 | 2 | 8);
+    if (!(rd32(base + 0x70) & 8)) return 0;
+    wr32(base + 0x30, 0);
+    if (rd32(base + 0x34) < QSZ) return 0;
+    wr32(base + 0x38, QSZ);
+    u64 d = (u64)&b->q.d, a = (u64)&b->q.avail_flags, u = (u64)&b->q.used_flags;
+    wr32(base + 0x80, (u32)d); wr32(base + 0x84, (u32)(d >> 32));
+    wr32(base + 0x90, (u32)a); wr32(base + 0x94, (u32)(a >> 32));
+    wr32(base + 0xa0, (u32)u); wr32(base + 0xa4, (u32)(u >> 32));
+    wr32(base + 0x44, 1);
+    wr32(base + 0x70, 1 | 2 | 8 | 4);
+    b->sectors = rd32(base + 0x100) | ((u64)rd32(base + 0x104) << 32);
+    return (rd32(base + 0x70) & 0x40) == 0;
+}
+
+/* Submits one request and polls for its completion. Returns the status byte (0xff if the
+ * device never wrote it) and the used length through *used_len. */
+static u32 blk_request(struct blk *b, u32 type, u64 sector, u64 data, u32 len, int dev_writes, u32 *used_len) {
+    *(u32 *)header = type;
+    *(u32 *)(header + 4) = 0;
+    *(u64 *)(header + 8) = sector;
+    status = 0xff;
+    struct desc *d = b->q.d;
+    d[0] = (struct desc){ (u64)header, 16, VIRTQ_DESC_F_NEXT, 1 };
+    int n = 1;
+    if (len) {
+        d[1] = (struct desc){ data, len, (u16)(VIRTQ_DESC_F_NEXT | (dev_writes ? VIRTQ_DESC_F_WRITE : 0)), 2 };
+        n = 2;
+    }
+    d[n - 1].next = (u16)n;
+    d[n] = (struct desc){ (u64)&status, 1, VIRTQ_DESC_F_WRITE, 0 };
+    b->q.avail_ring[b->q.avail_idx % QSZ] = 0;
+    barrier();
+    b->q.avail_idx++;
+    barrier();
+    wr32(b->base + 0x50, 0);
+    for (u64 t = 0; t < 200000000UL && b->q.used_idx == b->last_used; t++) pause();
+    barrier();
+    if (b->q.used_idx == b->last_used) { *used_len = 0xffffffff; return 0x100; }
+    *used_len = b->q.used_ring[b->last_used % QSZ].len;
+    b->last_used++;
+    wr32(b->base + 0x64, rd32(b->base + 0x60));   /* acknowledge the interrupt */
+    return status;
+}
+
+static void blk_line(int i, const char *what) { line("blk"); putdec((u64)i); putc(' '); puts(what); }
+
+static void blk_checks(int i, struct blk *b) {
+    u32 used, st;
+    char id[21];
+    memset(buf, 0, sizeof buf);
+    st = blk_request(b, T_GET_ID, 0, (u64)buf, 20, 1, &used);
+    memcpy(id, buf, 20); id[20] = 0;
+    blk_line(i, "id="); puts(id); puts(" sectors="); putdec(b->sectors);
+    puts(" ro="); putdec((b->features >> 5) & 1); puts(" flush="); putdec((b->features >> 9) & 1);
+    puts(" id_status="); putdec(st); end();
+
+    st = blk_request(b, T_IN, 0, (u64)buf, 4096, 1, &used);
+    blk_line(i, "read status="); putdec(st); puts(" used="); putdec(used);
+    puts(" fnv="); puthex(fnv1a(buf, 4096)); end();
+    if (i == 0) memcpy(disk0_head, buf, 4096);
+
+    if (i > 0) {
+        /* Copy the first 4 KiB of disk 0 to the start of this disk, then read it back. */
+        memcpy(buf, disk0_head, 4096);
+        st = blk_request(b, T_OUT, 0, (u64)buf, 4096, 0, &used);
+        blk_line(i, "write status="); putdec(st); end();
+        memset(buf, 0, sizeof buf);
+        blk_request(b, T_IN, 0, (u64)buf, 4096, 1, &used);
+        blk_line(i, "readback match="); putdec(memcmp(buf, disk0_head, 4096) == 0); end();
+    }
+    st = blk_request(b, T_FLUSH, 0, 0, 0, 0, &used);
+    blk_line(i, "flush status="); putdec(st); end();
+    st = blk_request(b, T_IN, b->sectors, (u64)buf, 512, 1, &used);
+    blk_line(i, "pastend status="); putdec(st); end();
+    st = blk_request(b, T_IN, b->sectors - 1, (u64)buf, 4096, 1, &used);
+    blk_line(i, "straddle status="); putdec(st); end();
+    st = blk_request(b, 99, 0, 0, 0, 0, &used);
+    blk_line(i, "badtype status="); putdec(st); end();
+    /* A data buffer far outside guest memory: the device must refuse the chain untouched. */
+    st = blk_request(b, T_IN, 0, 0x7fff00000000UL, 4096, 1, &used);
+    blk_line(i, "wild status="); puthex(st); puts(" used="); putdec(used); end();
+}
+
+static u64 parse_hex(const char **p) {
+    u64 v = 0;
+    for (;;) {
+        char c = **p; u32 d;
+        if (c >= '0' && c <= '9') d = (u32)(c - '0');
+        else if (c >= 'a' && c <= 'f') d = (u32)(c - 'a' + 10);
+        else if (c >= 'A' && c <= 'F') d = (u32)(c - 'A' + 10);
+        else return v;
+        v = v * 16 + d; (*p)++;
+    }
+}
+
+static void virtio_checks(void) {
+    const char *key = "virtio_mmio.device=4K@0x";
+    u64 n = strlen(key);
+    int count = 0;
+    for (const char *p = cmdline; *p && count < 8; p++) {
+        if (memcmp(p, key, n)) continue;
+        const char *q = p + n;
+        struct blk *b = &disks[count];
+        b->base = parse_hex(&q);
+        if (!blk_init(b)) { blk_line(count, "init failed"); end(); count++; continue; }
+        blk_checks(count, b);
+        count++;
+    }
+    line("disks="); putdec((u64)count); end();
+}
+
+void guest_main(int kind, u64 info) {
+    read_boot_info(kind, info);
+    if (has_word("quick")) { line("hello"); end(); reset(); }
+    u32 cpus = read_mptable();
+    if (!has_word("nosmp") && cpus > 1) start_aps(cpus);
+    else { line("smp online=1"); end(); }
+    virtio_checks();
+    line("done"); end();
+    reset();
+}
