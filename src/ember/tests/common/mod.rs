@@ -1,0 +1,199 @@
+//! Helpers for the integration tests: a scratch directory, a config writer, and a runner that
+//! starts the real `ember` binary, waits for it with a deadline and returns what it printed.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub const EMBER: &str = env!("CARGO_BIN_EXE_ember");
+
+/// True if this host can run KVM guests; otherwise prints the one SKIPPED line.
+pub fn kvm_or_skip(test: &str) -> bool {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => true,
+        Err(e) => {
+            println!("SKIPPED {test}: /dev/kvm cannot be opened ({e})");
+            false
+        }
+    }
+}
+
+/// A directory removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "ember-test-{}-{name}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+
+    /// Writes `bytes` to `file` and returns its path as a string.
+    pub fn file(&self, file: &str, bytes: &[u8]) -> String {
+        let p = self.path(file);
+        std::fs::write(&p, bytes).unwrap();
+        p.to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What one ember run produced.
+#[derive(Debug)]
+pub struct Run {
+    pub status: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    /// The guest's report lines, without the "guest: " prefix.
+    pub fn guest_lines(&self) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("guest: "))
+            .collect()
+    }
+
+    /// The first guest line starting with `prefix`, or a panic showing everything printed.
+    pub fn line(&self, prefix: &str) -> &str {
+        self.guest_lines()
+            .into_iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no guest line {prefix:?}\nstdout:\n{}\nstderr:\n{}",
+                    self.stdout, self.stderr
+                )
+            })
+    }
+
+    /// The value of `key=` in the guest line starting with `prefix`.
+    pub fn value(&self, prefix: &str, key: &str) -> String {
+        let line = self.line(prefix);
+        let pat = format!("{key}=");
+        line.split(' ')
+            .find_map(|w| w.strip_prefix(pat.as_str()))
+            .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+            .to_string()
+    }
+
+    pub fn assert_clean_exit(&self) {
+        assert_eq!(
+            self.status,
+            Some(0),
+            "ember failed\nstdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+        assert!(
+            self.stdout.contains("guest: done") || self.stdout.contains("guest: hello"),
+            "{}",
+            self.stdout
+        );
+    }
+}
+
+pub fn spawn(args: &[&str]) -> Child {
+    Command::new(EMBER)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ember")
+}
+
+/// Waits for `child` (killing it after `deadline`) and collects its output.
+pub fn finish(mut child: Child, started: Instant, deadline: Duration) -> Run {
+    let mut status = None;
+    while started.elapsed() < deadline {
+        if let Some(s) = child.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let elapsed = started.elapsed();
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    Run {
+        status: status.and_then(|s| s.code()),
+        stdout,
+        stderr,
+        elapsed,
+    }
+}
+
+/// Runs `ember --no-api --config-file <config>` with a 60 s deadline.
+pub fn run_config(scratch: &Scratch, config: &serde_json::Value) -> Run {
+    let path = scratch.file("vm.json", config.to_string().as_bytes());
+    run_args(&["--no-api", "--config-file", &path])
+}
+
+pub fn run_args(args: &[&str]) -> Run {
+    let started = Instant::now();
+    finish(spawn(args), started, Duration::from_secs(60))
+}
+
+/// The 32-bit FNV-1a hash the test guest prints.
+pub fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(2_166_136_261u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(16_777_619)
+    })
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn read(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}

@@ -1,0 +1,171 @@
+//! Boots the project's bare-metal test guest on KVM and checks what it saw: boot protocol,
+//! command line, e820 map, initrd bytes, CPUs, and an i8042 reset ending ember.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+fn config(kernel: &str, vcpus: u8, mem: u64, boot_args: Option<&str>) -> serde_json::Value {
+    let mut boot = json!({"kernel_image_path": kernel});
+    if let Some(args) = boot_args {
+        boot["boot_args"] = json!(args);
+    }
+    json!({"boot-source": boot, "machine-config": {"vcpu_count": vcpus, "mem_size_mib": mem}})
+}
+
+#[test]
+fn the_guest_sees_every_vcpu_come_up() {
+    if !kvm_or_skip("the_guest_sees_every_vcpu_come_up") {
+        return;
+    }
+    for n in [1u8, 2, 4] {
+        let s = Scratch::new("cpus");
+        let run = run_config(
+            &s,
+            &config(test_guest::PVH_ELF, n, 128, Some("console=ttyS0")),
+        );
+        run.assert_clean_exit();
+        assert_eq!(
+            run.value("mptable", "cpus"),
+            n.to_string(),
+            "MP table, {n} vCPUs"
+        );
+        assert_eq!(
+            run.value("smp", "online"),
+            n.to_string(),
+            "APs started, {n} vCPUs"
+        );
+    }
+}
+
+#[test]
+fn the_e820_map_shows_the_configured_memory() {
+    if !kvm_or_skip("the_e820_map_shows_the_configured_memory") {
+        return;
+    }
+    // RAM is everything but the EBDA/BIOS hole between 0x9fc00 and 1 MiB.
+    let hole = 0x10_0000u64 - 0x9_fc00;
+    for (mib, top) in [(128u64, 128u64 << 20), (4096, (1u64 << 32) + (1 << 30))] {
+        let s = Scratch::new("mem");
+        let run = run_config(&s, &config(test_guest::PVH_ELF, 1, mib, Some("nosmp")));
+        run.assert_clean_exit();
+        assert_eq!(
+            run.value("ram_bytes", "ram_bytes"),
+            format!("{:#x}", (mib << 20) - hole),
+            "{mib} MiB"
+        );
+        assert_eq!(
+            run.value("ram_bytes", "ram_top"),
+            format!("{top:#x}"),
+            "{mib} MiB"
+        );
+        if mib == 4096 {
+            // Below the MMIO gap up to 3 GiB, the rest above 4 GiB.
+            assert!(
+                run.guest_lines()
+                    .contains(&"e820 addr=0x100000 size=0xbff00000 type=1"),
+                "{}",
+                run.stdout
+            );
+            assert!(
+                run.guest_lines()
+                    .contains(&"e820 addr=0x100000000 size=0x40000000 type=1"),
+                "{}",
+                run.stdout
+            );
+        }
+    }
+}
+
+/// Each image format is entered by its own protocol and finds the command line and initrd.
+#[test]
+fn elf_pvh_elf_64_bit_and_bzimage_boot_with_an_initrd() {
+    if !kvm_or_skip("elf_pvh_elf_64_bit_and_bzimage_boot_with_an_initrd") {
+        return;
+    }
+    for (image, boot) in [
+        (test_guest::PVH_ELF, "boot=pvh magic=0x336ec578"),
+        (
+            test_guest::LINUX64_ELF,
+            "boot=linux64 setup_version=0x0 loader=0xff",
+        ),
+        (
+            test_guest::BZIMAGE,
+            "boot=linux64 setup_version=0x20f loader=0xff",
+        ),
+    ] {
+        let s = Scratch::new("formats");
+        let initrd_bytes = noise(300_001, 7);
+        let initrd = s.file("initrd.img", &initrd_bytes);
+        let mut cfg = config(image, 1, 256, Some("console=ttyS0 nosmp foo=bar"));
+        cfg["boot-source"]["initrd_path"] = json!(initrd);
+        let run = run_config(&s, &cfg);
+        run.assert_clean_exit();
+        assert_eq!(run.line("boot="), boot, "{image}");
+        assert_eq!(run.line("cmdline="), "cmdline=console=ttyS0 nosmp foo=bar");
+        assert_eq!(run.value("initrd", "size"), initrd_bytes.len().to_string());
+        assert_eq!(
+            run.value("initrd", "fnv"),
+            format!("{:#x}", fnv1a(&initrd_bytes)),
+            "{image}"
+        );
+        let addr =
+            u64::from_str_radix(run.value("initrd", "addr").trim_start_matches("0x"), 16).unwrap();
+        assert_eq!(addr % 4096, 0, "page aligned");
+        assert!(addr + initrd_bytes.len() as u64 <= 256 << 20, "inside RAM");
+    }
+}
+
+#[test]
+fn without_boot_args_the_firecracker_default_is_used() {
+    if !kvm_or_skip("without_boot_args_the_firecracker_default_is_used") {
+        return;
+    }
+    let s = Scratch::new("default-args");
+    let run = run_config(&s, &config(test_guest::PVH_ELF, 1, 128, None));
+    run.assert_clean_exit();
+    assert_eq!(
+        run.line("cmdline="),
+        "cmdline=reboot=k panic=1 pci=off nomodule 8250.nr_uarts=0 i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"
+    );
+    assert_eq!(run.line("initrd"), "initrd none");
+}
+
+#[test]
+fn an_i8042_reset_ends_ember_with_status_0_within_a_second() {
+    if !kvm_or_skip("an_i8042_reset_ends_ember_with_status_0_within_a_second") {
+        return;
+    }
+    let s = Scratch::new("reset");
+    let run = run_config(&s, &config(test_guest::PVH_ELF, 1, 128, Some("quick")));
+    run.assert_clean_exit();
+    assert_eq!(run.guest_lines().last(), Some(&"hello"));
+    assert!(run.elapsed.as_millis() < 1000, "took {:?}", run.elapsed);
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+}
+
+#[test]
+fn sigterm_and_sigint_end_a_running_guest_with_documented_statuses() {
+    if !kvm_or_skip("sigterm_and_sigint_end_a_running_guest_with_documented_statuses") {
+        return;
+    }
+    for (signal, status) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        let s = Scratch::new("signal");
+        let path = s.file(
+            "vm.json",
+            config(test_guest::PVH_ELF, 2, 128, Some("hang nosmp"))
+                .to_string()
+                .as_bytes(),
+        );
+        let started = std::time::Instant::now();
+        let child = spawn(&["--no-api", "--config-file", &path]);
+        // The guest parks itself after its report; give it time to get there.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        // SAFETY: kill(2) on our own child's pid with a valid signal number.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let run = finish(child, started, std::time::Duration::from_secs(10));
+        assert!(run.stdout.contains("guest: hanging"), "{}", run.stdout);
+        assert_eq!(run.status, Some(status), "signal {signal}: {}", run.stderr);
+    }
+}

@@ -1,0 +1,173 @@
+//! virtio-blk end to end: the test guest's own driver reads, writes, flushes and asks for the
+//! ID of each disk; the image files are checked after ember exits.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+const HEAD: usize = 4096;
+
+fn drive(id: &str, path: &str, root: bool, ro: bool) -> serde_json::Value {
+    json!({"drive_id": id, "path_on_host": path, "is_root_device": root, "is_read_only": ro})
+}
+
+fn config(drives: Vec<serde_json::Value>) -> serde_json::Value {
+    json!({
+        "boot-source": {"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 nosmp"},
+        "drives": drives,
+        "machine-config": {"vcpu_count": 1, "mem_size_mib": 128}
+    })
+}
+
+#[test]
+fn a_write_to_a_data_disk_lands_in_its_image_byte_for_byte() {
+    if !kvm_or_skip("a_write_to_a_data_disk_lands_in_its_image_byte_for_byte") {
+        return;
+    }
+    let s = Scratch::new("write");
+    let root_bytes = noise(1 << 20, 11);
+    let root = s.file("root.img", &root_bytes);
+    let data = s.file("data.img", &vec![0u8; 512 << 10]);
+    let run = run_config(
+        &s,
+        &config(vec![
+            drive("data", &data, false, false),
+            drive("rootfs", &root, true, false),
+        ]),
+    );
+    run.assert_clean_exit();
+    // The root drive is first, whatever the order in the file.
+    assert!(
+        run.line("blk0 id=")
+            .starts_with("blk0 id=rootfs sectors=2048 ro=0"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        run.value("blk0 read", "fnv"),
+        format!("{:#x}", fnv1a(&root_bytes[..HEAD]))
+    );
+    assert_eq!(run.value("blk0 read", "used"), (HEAD + 1).to_string());
+    assert_eq!(run.value("blk1 write", "status"), "0");
+    assert_eq!(run.value("blk1 readback", "match"), "1");
+    assert_eq!(run.value("blk1 flush", "status"), "0");
+    let after = read(&s.path("data.img"));
+    assert_eq!(after.len(), 512 << 10, "the image keeps its size");
+    assert_eq!(
+        fnv1a(&after[..HEAD]),
+        fnv1a(&root_bytes[..HEAD]),
+        "guest-written bytes are in the file"
+    );
+    assert_eq!(&after[..HEAD], &root_bytes[..HEAD]);
+    assert!(
+        after[HEAD..].iter().all(|&b| b == 0),
+        "nothing else changed"
+    );
+    assert!(run.line("cmdline=").contains("root=/dev/vda rw"));
+}
+
+#[test]
+fn a_read_only_drive_refuses_writes_and_its_image_is_unchanged() {
+    if !kvm_or_skip("a_read_only_drive_refuses_writes_and_its_image_is_unchanged") {
+        return;
+    }
+    let s = Scratch::new("ro");
+    let root = s.file("root.img", &noise(64 << 10, 3));
+    let ro_bytes = noise(64 << 10, 5);
+    let ro = s.file("ro.img", &ro_bytes);
+    let run = run_config(
+        &s,
+        &config(vec![
+            drive("rootfs", &root, true, true),
+            drive("golden", &ro, false, true),
+        ]),
+    );
+    run.assert_clean_exit();
+    assert_eq!(run.value("blk1 id=", "ro"), "1", "VIRTIO_BLK_F_RO offered");
+    assert_eq!(run.value("blk1 write", "status"), "1", "VIRTIO_BLK_S_IOERR");
+    assert_eq!(run.value("blk1 readback", "match"), "0");
+    assert_eq!(
+        read(&s.path("ro.img")),
+        ro_bytes,
+        "the read-only image is unchanged"
+    );
+    assert!(run.line("cmdline=").contains("root=/dev/vda ro"));
+}
+
+#[test]
+fn data_disks_show_their_drive_ids_as_serials() {
+    if !kvm_or_skip("data_disks_show_their_drive_ids_as_serials") {
+        return;
+    }
+    let s = Scratch::new("ids");
+    let root = s.file("root.img", &noise(64 << 10, 1));
+    let a = s.file("a.img", &[0u8; 8192]);
+    let b = s.file("b.img", &[0u8; 4096 + 512 + 100]);
+    let long_id = "a_twenty_four_char_id_x"; // longer than the 20-byte virtio ID field
+    let run = run_config(
+        &s,
+        &config(vec![
+            drive("rootfs", &root, true, false),
+            drive("scratch_1", &a, false, false),
+            drive(long_id, &b, false, false),
+        ]),
+    );
+    run.assert_clean_exit();
+    assert_eq!(run.value("blk1 id=", "id"), "scratch_1");
+    assert_eq!(run.value("blk2 id=", "id"), &long_id[..20]);
+    assert_eq!(
+        run.value("blk2 id=", "sectors"),
+        "9",
+        "a trailing partial sector is not exposed"
+    );
+    assert_eq!(run.line("disks="), "disks=3");
+    let expected = "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6 virtio_mmio.device=4K@0xd0002000:7";
+    assert!(
+        run.line("cmdline=").ends_with(expected),
+        "{}",
+        run.line("cmdline=")
+    );
+}
+
+#[test]
+fn bad_requests_from_the_guest_get_device_errors_and_leave_the_disk_alone() {
+    if !kvm_or_skip("bad_requests_from_the_guest_get_device_errors_and_leave_the_disk_alone") {
+        return;
+    }
+    let s = Scratch::new("hostile");
+    let root = s.file("root.img", &noise(64 << 10, 9));
+    let data_bytes = noise(64 << 10, 10);
+    let data = s.file("data.img", &data_bytes);
+    let run = run_config(
+        &s,
+        &config(vec![
+            drive("rootfs", &root, true, false),
+            drive("data", &data, false, false),
+        ]),
+    );
+    run.assert_clean_exit();
+    for disk in ["blk0", "blk1"] {
+        assert_eq!(
+            run.value(&format!("{disk} pastend"), "status"),
+            "1",
+            "read past the end"
+        );
+        assert_eq!(
+            run.value(&format!("{disk} straddle"), "status"),
+            "1",
+            "read across the end"
+        );
+        assert_eq!(
+            run.value(&format!("{disk} badtype"), "status"),
+            "2",
+            "unsupported type"
+        );
+        // A buffer outside guest memory: the chain is returned unused, status untouched.
+        assert_eq!(run.value(&format!("{disk} wild"), "status"), "0xff");
+        assert_eq!(run.value(&format!("{disk} wild"), "used"), "0");
+    }
+    // Only the guest's own 4 KiB copy reached the data disk.
+    let after = read(&s.path("data.img"));
+    assert_eq!(&after[HEAD..], &data_bytes[HEAD..]);
+}
