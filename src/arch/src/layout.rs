@@ -48,6 +48,14 @@ pub const LAST_VIRTIO_IRQ: u32 = 23;
 /// IOAPIC pins, as the MP table announces them.
 pub const IOAPIC_PINS: u8 = 24;
 
+// The fixed low-memory areas must not overlap; checked when the crate compiles.
+const _: () = {
+    assert!(PVH_MEMMAP_ADDR + 24 * PVH_MEMMAP_MAX_ENTRIES as u64 <= ZERO_PAGE_ADDR);
+    assert!(ZERO_PAGE_ADDR + 4096 <= BOOT_STACK_TOP);
+    assert!(PD_ADDR + 4096 <= CMDLINE_ADDR);
+    assert!(CMDLINE_ADDR + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
+};
+
 /// The guest RAM regions for `mem_bytes` of memory: below the MMIO gap first, the rest
 /// above 4 GiB.
 pub fn ram_regions(mem_bytes: u64) -> Vec<(GuestAddress, u64)> {
@@ -84,11 +92,7 @@ mod tests {
     }
 
     #[test]
-    fn fixed_areas_do_not_overlap() {
-        assert!(PVH_MEMMAP_ADDR + 24 * PVH_MEMMAP_MAX_ENTRIES as u64 <= ZERO_PAGE_ADDR);
-        assert!(ZERO_PAGE_ADDR + 4096 <= BOOT_STACK_TOP);
-        assert!(PD_ADDR + 4096 <= CMDLINE_ADDR);
-        assert!(CMDLINE_ADDR + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
+    fn the_last_virtio_window_is_below_the_ioapic() {
         assert!(virtio_mmio_addr(LAST_VIRTIO_IRQ - FIRST_VIRTIO_IRQ) < u64::from(IOAPIC_ADDR));
     }
 }

@@ -77,7 +77,7 @@ fn run() -> Result<i32, StartError> {
     drop(raw);
     match &reason {
         VmExit::VcpuError(msg) | VmExit::VmmError(msg) => {
-            eprintln!("ember: the microVM failed: {msg}")
+            eprintln!("ember: the microVM failed: {msg}");
         }
         VmExit::Signal(n) => log::info!("stopped by signal {n}"),
         VmExit::Reset | VmExit::PowerOff => log::info!("the guest ended the microVM ({reason:?})"),

@@ -33,7 +33,7 @@ fn assert_refused(run: &Run) -> String {
     lines[0].to_string()
 }
 
-fn vm(kernel: &str, extra: serde_json::Value) -> String {
+fn vm(kernel: &str, extra: &serde_json::Value) -> String {
     let mut cfg = json!({"boot-source": {"kernel_image_path": kernel}});
     for (k, v) in extra.as_object().unwrap() {
         cfg[k] = v.clone();
@@ -44,24 +44,24 @@ fn vm(kernel: &str, extra: serde_json::Value) -> String {
 #[test]
 fn kernel_problems() {
     let s = Scratch::new("kernel");
-    let e = refused(&s, &vm("/nonexistent/vmlinux", json!({})));
+    let e = refused(&s, &vm("/nonexistent/vmlinux", &json!({})));
     assert!(
         e.contains("cannot read the kernel image /nonexistent/vmlinux")
             && e.contains("No such file"),
         "{e}"
     );
     let dir = s.0.to_string_lossy().into_owned();
-    let e = refused(&s, &vm(&dir, json!({})));
+    let e = refused(&s, &vm(&dir, &json!({})));
     assert!(
         e.contains("the kernel image") && e.contains("directory"),
         "{e}"
     );
     if kvm_or_skip("kernel_problems (format check)") {
         let junk = s.file("junk.bin", &noise(8192, 4));
-        let e = refused(&s, &vm(&junk, json!({})));
+        let e = refused(&s, &vm(&junk, &json!({})));
         assert_eq!(e, "ember: cannot start the microVM: the kernel image is neither an ELF vmlinux nor a bzImage");
         let empty = s.file("empty.bin", b"");
-        let e = refused(&s, &vm(&empty, json!({})));
+        let e = refused(&s, &vm(&empty, &json!({})));
         assert!(e.contains("neither an ELF vmlinux nor a bzImage"), "{e}");
     }
     let e = refused(
@@ -80,7 +80,7 @@ fn machine_limits() {
         &s,
         &vm(
             k,
-            json!({"machine-config": {"vcpu_count": 1, "mem_size_mib": 0}}),
+            &json!({"machine-config": {"vcpu_count": 1, "mem_size_mib": 0}}),
         ),
     );
     assert_eq!(e, "ember: mem_size_mib must be at least 1");
@@ -88,7 +88,7 @@ fn machine_limits() {
         &s,
         &vm(
             k,
-            json!({"machine-config": {"vcpu_count": 0, "mem_size_mib": 128}}),
+            &json!({"machine-config": {"vcpu_count": 0, "mem_size_mib": 128}}),
         ),
     );
     assert_eq!(e, "ember: vcpu_count must be between 1 and 32, not 0");
@@ -96,7 +96,7 @@ fn machine_limits() {
         &s,
         &vm(
             k,
-            json!({"machine-config": {"vcpu_count": 33, "mem_size_mib": 128}}),
+            &json!({"machine-config": {"vcpu_count": 33, "mem_size_mib": 128}}),
         ),
     );
     assert_eq!(e, "ember: vcpu_count must be between 1 and 32, not 33");
@@ -104,7 +104,7 @@ fn machine_limits() {
         &s,
         &vm(
             k,
-            json!({"machine-config": {"vcpu_count": 300, "mem_size_mib": 128}}),
+            &json!({"machine-config": {"vcpu_count": 300, "mem_size_mib": 128}}),
         ),
     );
     assert!(
@@ -117,7 +117,7 @@ fn machine_limits() {
             &s,
             &vm(
                 k,
-                json!({"machine-config": {"vcpu_count": 1, "mem_size_mib": 1u64 << 31}}),
+                &json!({"machine-config": {"vcpu_count": 1, "mem_size_mib": 1u64 << 31}}),
             ),
         );
         assert!(
@@ -135,7 +135,7 @@ fn drive_problems() {
     let d = |id: &str, path: &str, root: bool| json!({"drive_id": id, "path_on_host": path, "is_root_device": root});
     let e = refused(
         &s,
-        &vm(k, json!({"drives": [d("rootfs", "/no/such.img", true)]})),
+        &vm(k, &json!({"drives": [d("rootfs", "/no/such.img", true)]})),
     );
     assert!(
         e.contains("cannot read the disk image /no/such.img") && e.contains("No such file"),
@@ -145,7 +145,7 @@ fn drive_problems() {
         &s,
         &vm(
             k,
-            json!({"drives": [d("a", &disk, true), d("b", &disk, true)]}),
+            &json!({"drives": [d("a", &disk, true), d("b", &disk, true)]}),
         ),
     );
     assert_eq!(
@@ -156,11 +156,14 @@ fn drive_problems() {
         &s,
         &vm(
             k,
-            json!({"drives": [d("a", &disk, true), d("a", &disk, false)]}),
+            &json!({"drives": [d("a", &disk, true), d("a", &disk, false)]}),
         ),
     );
     assert_eq!(e, "ember: drive_id a is used by two drives");
-    let e = refused(&s, &vm(k, json!({"drives": [d("no spaces", &disk, true)]})));
+    let e = refused(
+        &s,
+        &vm(k, &json!({"drives": [d("no spaces", &disk, true)]})),
+    );
     assert!(e.contains("drive_id \"no spaces\""), "{e}");
 }
 
@@ -172,20 +175,20 @@ fn unknown_keys_and_malformed_json() {
         &s,
         &vm(
             k,
-            json!({"machine-config": {"vcpu_count": 1, "mem_size_mib": 128, "vcpus": 2}}),
+            &json!({"machine-config": {"vcpu_count": 1, "mem_size_mib": 128, "vcpus": 2}}),
         ),
     );
     assert!(
         e.contains("machine-config") && e.contains("unknown field `vcpus`"),
         "{e}"
     );
-    let e = refused(&s, &vm(k, json!({"netwrk-interfaces": []})));
+    let e = refused(&s, &vm(k, &json!({"netwrk-interfaces": []})));
     assert!(e.contains("unknown field `netwrk-interfaces`"), "{e}");
     let e = refused(
         &s,
         &vm(
             k,
-            json!({"drives": [{"drive_id": "a", "path_on_host": k, "is_root_device": true, "rate": 1}]}),
+            &json!({"drives": [{"drive_id": "a", "path_on_host": k, "is_root_device": true, "rate": 1}]}),
         ),
     );
     assert!(

@@ -12,7 +12,7 @@ fn drive(id: &str, path: &str, root: bool, ro: bool) -> serde_json::Value {
     json!({"drive_id": id, "path_on_host": path, "is_root_device": root, "is_read_only": ro})
 }
 
-fn config(drives: Vec<serde_json::Value>) -> serde_json::Value {
+fn config(drives: &[serde_json::Value]) -> serde_json::Value {
     json!({
         "boot-source": {"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 nosmp"},
         "drives": drives,
@@ -31,7 +31,7 @@ fn a_write_to_a_data_disk_lands_in_its_image_byte_for_byte() {
     let data = s.file("data.img", &vec![0u8; 512 << 10]);
     let run = run_config(
         &s,
-        &config(vec![
+        &config(&[
             drive("data", &data, false, false),
             drive("rootfs", &root, true, false),
         ]),
@@ -78,7 +78,7 @@ fn a_read_only_drive_refuses_writes_and_its_image_is_unchanged() {
     let ro = s.file("ro.img", &ro_bytes);
     let run = run_config(
         &s,
-        &config(vec![
+        &config(&[
             drive("rootfs", &root, true, true),
             drive("golden", &ro, false, true),
         ]),
@@ -107,7 +107,7 @@ fn data_disks_show_their_drive_ids_as_serials() {
     let long_id = "a_twenty_four_char_id_x"; // longer than the 20-byte virtio ID field
     let run = run_config(
         &s,
-        &config(vec![
+        &config(&[
             drive("rootfs", &root, true, false),
             drive("scratch_1", &a, false, false),
             drive(long_id, &b, false, false),
@@ -141,7 +141,7 @@ fn bad_requests_from_the_guest_get_device_errors_and_leave_the_disk_alone() {
     let data = s.file("data.img", &data_bytes);
     let run = run_config(
         &s,
-        &config(vec![
+        &config(&[
             drive("rootfs", &root, true, false),
             drive("data", &data, false, false),
         ]),

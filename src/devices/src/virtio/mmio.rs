@@ -141,16 +141,14 @@ impl MmioTransport {
         match offset {
             REG_DEVICE_FEATURES_SEL => self.device_features_sel = value,
             REG_DRIVER_FEATURES_SEL => self.driver_features_sel = value,
-            REG_DRIVER_FEATURES => {
-                if self.status & (DRIVER | FEATURES_OK | FAILED) == DRIVER {
-                    let v = u64::from(value);
-                    match self.driver_features_sel {
-                        0 => self.driver_features = (self.driver_features & !0xffff_ffff) | v,
-                        1 => {
-                            self.driver_features = (self.driver_features & 0xffff_ffff) | (v << 32)
-                        }
-                        _ => {}
+            REG_DRIVER_FEATURES if self.status & (DRIVER | FEATURES_OK | FAILED) == DRIVER => {
+                let v = u64::from(value);
+                match self.driver_features_sel {
+                    0 => self.driver_features = (self.driver_features & !0xffff_ffff) | v,
+                    1 => {
+                        self.driver_features = (self.driver_features & 0xffff_ffff) | (v << 32);
                     }
+                    _ => {}
                 }
             }
             REG_QUEUE_SEL => self.queue_sel = value,
@@ -283,7 +281,7 @@ impl BusDevice for MmioTransport {
             lock(&self.device).read_config(offset - CONFIG_SPACE, data);
             return;
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || !offset.is_multiple_of(4) {
             data.fill(0);
             return;
         }
@@ -300,8 +298,11 @@ impl BusDevice for MmioTransport {
         let Ok(bytes) = <[u8; 4]>::try_from(data) else {
             return;
         };
-        if offset % 4 == 0 {
+        if offset.is_multiple_of(4) {
             self.write_register(offset, u32::from_le_bytes(bytes));
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,3 +5,6 @@ mod request;
 
 pub use device::{Block, BlockConfig, CacheType, Error};
 pub use request::{Request, RequestError, RequestType, SECTOR_SIZE};
+
+#[cfg(test)]
+mod tests;

@@ -127,7 +127,8 @@ impl Request {
             }
             buffers.push((d.addr(), d.len()));
         }
-        if matches!(kind, RequestType::In | RequestType::Out) && total % SECTOR_SIZE != 0 {
+        if matches!(kind, RequestType::In | RequestType::Out) && !total.is_multiple_of(SECTOR_SIZE)
+        {
             return Err(RequestError::PartialSector);
         }
         Ok(Request {
