@@ -37,6 +37,7 @@ enum StartError {
 }
 
 fn run() -> Result<i32, StartError> {
+    let started = std::time::Instant::now();
     let args = match cli::parse(std::env::args().skip(1))? {
         cli::Command::Help => {
             print!("{}", cli::USAGE);
@@ -57,7 +58,8 @@ fn run() -> Result<i32, StartError> {
         path: path.clone(),
         source,
     })?;
-    let resources = VmResources::from_json(&text)?;
+    let mut resources = VmResources::from_json(&text)?;
+    resources.boot_timer = args.boot_timer.then_some(started);
 
     // A closed stdin simply gives the guest no input.
     let input = std::io::stdin()

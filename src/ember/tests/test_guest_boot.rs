@@ -169,3 +169,39 @@ fn sigterm_and_sigint_end_a_running_guest_with_documented_statuses() {
         assert_eq!(run.status, Some(status), "signal {signal}: {}", run.stderr);
     }
 }
+
+#[test]
+fn the_boot_timer_logs_the_guest_boot_time() {
+    if !kvm_or_skip("the_boot_timer_logs_the_guest_boot_time") {
+        return;
+    }
+    let s = Scratch::new("boot-timer");
+    let disk = s.file("disk.img", &[0u8; 4096]);
+    let mut cfg = config(test_guest::PVH_ELF, 1, 128, Some("nosmp boottimer"));
+    cfg["drives"] = json!([{"drive_id": "rootfs", "path_on_host": disk, "is_root_device": true}]);
+    let path = s.file("vm.json", cfg.to_string().as_bytes());
+    let run = run_args(&[
+        "--no-api",
+        "--config-file",
+        &path,
+        "--boot-timer",
+        "--level",
+        "Info",
+        "--id",
+        "timer-vm",
+    ]);
+    run.assert_clean_exit();
+    assert!(
+        run.stderr.contains("[timer-vm:INFO] Guest-boot-time = "),
+        "{}",
+        run.stderr
+    );
+    // The drive moved to the second window, after the timer.
+    assert!(
+        run.line("cmdline=")
+            .ends_with("virtio_mmio.device=4K@0xd0001000:5"),
+        "{}",
+        run.line("cmdline=")
+    );
+    assert_eq!(run.value("blk0 id=", "id"), "rootfs");
+}

@@ -9,7 +9,7 @@ use arch::boot_params::{self, InitrdPlacement};
 use arch::cpuid::Topology;
 use arch::layout::{self, CMDLINE_ADDR, CMDLINE_MAX_SIZE, FIRST_VIRTIO_IRQ, I8042_IRQ, SERIAL_IRQ};
 use arch::{BootProtocol, KernelEntry};
-use devices::legacy::{i8042, Serial, I8042};
+use devices::legacy::{i8042, BootTimer, Serial, I8042};
 use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
@@ -69,6 +69,8 @@ pub enum BuildError {
     EventFd(#[source] std::io::Error),
     #[error("{0}")]
     Vcpu(#[from] vcpu::Error),
+    #[error("there are more MMIO devices than interrupt lines 5 to 23 can serve")]
+    TooManyDevices,
 }
 
 /// Where the guest's serial console goes and comes from.
@@ -131,6 +133,13 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
     let mut cmdline = boot.boot_args().to_string();
 
     attach_legacy(&vm, &mut pio, &mut event_manager, console, &exit)?;
+    // Like Firecracker, the boot timer takes the first MMIO window and the drives follow it.
+    let mut window = 0;
+    if let Some(start) = resources.boot_timer {
+        let timer = Arc::new(Mutex::new(BootTimer::new(start)));
+        mmio.insert(layout::virtio_mmio_addr(0), layout::VIRTIO_MMIO_SIZE, timer)?;
+        window = 1;
+    }
     for (index, drive) in resources.drives().iter().enumerate() {
         let (addr, irq) = attach_drive(
             &vm,
@@ -138,7 +147,8 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
             &mut mmio,
             &mut event_manager,
             drive,
-            index as u32,
+            window + index as u32,
+            FIRST_VIRTIO_IRQ + index as u32,
         )?;
         if drive.is_root_device {
             cmdline.push_str(&root_args(drive));
@@ -231,14 +241,15 @@ fn attach_legacy(
     Ok(())
 }
 
-/// One virtio-mmio block device in window `index`; returns its address and IRQ.
+/// One virtio-mmio block device in MMIO window `window` on line `irq`; returns both.
 fn attach_drive(
     vm: &Vm,
     mem: &GuestMemory,
     mmio: &mut Bus,
     em: &mut EventManager<Subscriber>,
     drive: &DriveConfig,
-    index: u32,
+    window: u32,
+    irq: u32,
 ) -> Result<(u64, u32), BuildError> {
     let block = Block::new(&BlockConfig {
         id: drive.drive_id.clone(),
@@ -253,8 +264,10 @@ fn attach_drive(
         id: drive.drive_id.clone(),
         source,
     })?;
-    let addr = layout::virtio_mmio_addr(index);
-    let irq = FIRST_VIRTIO_IRQ + index;
+    let addr = layout::virtio_mmio_addr(window);
+    if irq > layout::LAST_VIRTIO_IRQ {
+        return Err(BuildError::TooManyDevices);
+    }
     for (queue, evt) in block.queue_events().iter().enumerate() {
         vm.register_mmio_ioevent(evt, addr + REG_QUEUE_NOTIFY, queue as u32)?;
     }

@@ -16,6 +16,8 @@ pub struct VmResources {
     pub machine_config: MachineConfig,
     /// Kept with the root device first, so that it is /dev/vda.
     drives: Vec<DriveConfig>,
+    /// `--boot-timer`: when the ember process started, for the guest's boot-time report.
+    pub boot_timer: Option<std::time::Instant>,
 }
 
 impl VmResources {

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds Ember's guest images from Debian packages and caches them outside the repository,
+# keyed by a hash of every input, so a second run takes seconds:
+#   vmlinux, bzImage      linux-source-6.1 + kernel.fragment (make allnoconfig)
+#   rootfs.ext4           busybox-static + init, made with mkfs.ext4 -d (no mount, no loop)
+#   initramfs.cpio.gz     the same tree as an initramfs
+# Prints the cache directory holding them on its last line.
+#
+#   guest/build.sh            build what is missing
+#   guest/build.sh --dir      only print where the images are (or would be)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache_root=${EMBER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ember}
+
+need() { command -v "$1" >/dev/null || { echo "guest/build.sh: $1 is missing (run .ci/install-deps)" >&2; exit 1; }; }
+source_tar=/usr/src/linux-source-6.1.tar.xz
+pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo unknown; }
+
+key=$( {
+    cat "$here/build.sh" "$here/kernel.fragment" "$here/init"
+    pkg_version linux-source-6.1
+    pkg_version busybox-static
+    gcc -dumpfullversion 2>/dev/null || true
+} | sha256sum | cut -c1-16)
+out="$cache_root/guest-$key"
+if [ "${1:-}" = "--dir" ]; then
+    echo "$out"
+    exit 0
+fi
+if [ -f "$out/done" ]; then
+    echo "$out"
+    exit 0
+fi
+
+for tool in make gcc bc flex bison cpio gzip mkfs.ext4 xz; do need "$tool"; done
+[ -f "$source_tar" ] || { echo "guest/build.sh: $source_tar is missing (apt-get install linux-source-6.1)" >&2; exit 1; }
+[ -x /bin/busybox ] || { echo "guest/build.sh: /bin/busybox is missing (apt-get install busybox-static)" >&2; exit 1; }
+
+mkdir -p "$cache_root"
+work=$(mktemp -d "$cache_root/build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+echo "guest/build.sh: building the kernel (a few minutes on 2 cores)" >&2
+tar -C "$work" -xf "$source_tar"
+src="$work/linux-source-6.1"
+make -C "$src" -s allnoconfig KCONFIG_ALLCONFIG="$here/kernel.fragment" >&2
+# Every option of the fragment must have survived allnoconfig's dependency resolution.
+while IFS= read -r opt; do
+    case "$opt" in CONFIG_*=*) ;; *) continue ;; esac
+    grep -qx "$opt" "$src/.config" || { echo "guest/build.sh: $opt did not stick in .config" >&2; exit 1; }
+done < "$here/kernel.fragment"
+make -C "$src" -s -j"$(nproc)" vmlinux bzImage >&2
+
+echo "guest/build.sh: building the busybox root filesystem and initramfs" >&2
+tree="$work/tree"
+mkdir -p "$tree"/{bin,sbin,dev,proc,sys,tmp,etc,root,mnt}
+cp /bin/busybox "$tree/bin/busybox"
+cp "$here/init" "$tree/init"
+ln -s ../init "$tree/sbin/init"
+ln -s busybox "$tree/bin/sh"
+echo "root:x:0:0:root:/root:/bin/sh" > "$tree/etc/passwd"
+mkfs.ext4 -q -F -L ember-root -d "$tree" "$work/rootfs.ext4" 32M
+(cd "$tree" && find . | cpio -o -H newc --quiet) | gzip -9 > "$work/initramfs.cpio.gz"
+
+mkdir -p "$out"
+cp "$src/vmlinux" "$src/arch/x86/boot/bzImage" "$work/rootfs.ext4" "$work/initramfs.cpio.gz" "$out/"
+touch "$out/done"
+echo "$out"

@@ -1,0 +1,38 @@
+//! Firecracker's boot timer (`--boot-timer`): the guest writes the magic byte 123 to offset 0
+//! of this MMIO window when it has booted, and ember logs the time since it started.
+
+use std::time::Instant;
+
+use crate::bus::BusDevice;
+
+/// The byte a guest writes to say "booted".
+pub const MAGIC: u8 = 123;
+
+#[derive(Debug)]
+pub struct BootTimer {
+    start: Instant,
+}
+
+impl BootTimer {
+    /// `start` is when the ember process started.
+    pub fn new(start: Instant) -> Self {
+        BootTimer { start }
+    }
+}
+
+impl BusDevice for BootTimer {
+    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset == 0 && data.first() == Some(&MAGIC) {
+            let elapsed = self.start.elapsed();
+            log::info!(
+                "Guest-boot-time = {:>6} us {} ms",
+                elapsed.as_micros(),
+                elapsed.as_millis()
+            );
+        }
+    }
+}
