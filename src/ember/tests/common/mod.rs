@@ -11,7 +11,14 @@ use std::time::{Duration, Instant};
 
 pub const EMBER: &str = env!("CARGO_BIN_EXE_ember");
 
-/// True if this host can run KVM guests; otherwise prints the one SKIPPED line.
+/// Prints the one SKIPPED line of a test that cannot run here. Written to stderr directly,
+/// so that the test harness's output capture does not hide it.
+pub fn skip(test: &str, reason: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+}
+
+/// True if this host can run KVM guests; otherwise prints the SKIPPED line.
 pub fn kvm_or_skip(test: &str) -> bool {
     match std::fs::OpenOptions::new()
         .read(true)
@@ -20,7 +27,7 @@ pub fn kvm_or_skip(test: &str) -> bool {
     {
         Ok(_) => true,
         Err(e) => {
-            println!("SKIPPED {test}: /dev/kvm cannot be opened ({e})");
+            skip(test, &format!("/dev/kvm cannot be opened ({e})"));
             false
         }
     }

@@ -1,0 +1,179 @@
+//! The same acceptance checks with a real Linux guest (the kernel, rootfs and initramfs that
+//! guest/build.sh makes). They run wherever Linux can boot on the host's KVM; on a kvm_pvm
+//! host stock Linux stops with emulation failures, so there each test prints SKIPPED.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+use serde_json::json;
+
+const BASE_ARGS: &str = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
+
+struct Images {
+    dir: PathBuf,
+}
+
+impl Images {
+    fn file(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+}
+
+/// The guest images, or None after printing why this test cannot run here.
+fn linux_or_skip(test: &str) -> Option<Images> {
+    if !kvm_or_skip(test) {
+        return None;
+    }
+    if std::path::Path::new("/sys/module/kvm_pvm").exists() && std::env::var_os("EMBER_FORCE_LINUX").is_none() {
+        skip(test, "this host's KVM is kvm_pvm, where stock Linux guests stop with emulation failures (issue 3)");
+        return None;
+    }
+    let dir = match std::env::var_os("EMBER_GUEST_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../guest/build.sh");
+            let out = std::process::Command::new(script).arg("--dir").output().expect("run guest/build.sh --dir");
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    if !dir.join("done").exists() {
+        skip(test, "the Linux guest images are not built; run guest/build.sh");
+        return None;
+    }
+    Some(Images { dir })
+}
+
+fn boot(
+    img: &Images,
+    s: &Scratch,
+    kernel: &str,
+    extra_args: &str,
+    vcpus: u8,
+    mem: u64,
+    drives: &[serde_json::Value],
+) -> Run {
+    let root = s.path("rootfs.ext4");
+    std::fs::copy(img.file("rootfs.ext4"), &root).unwrap();
+    let mut all = vec![json!({"drive_id": "rootfs", "path_on_host": root, "is_root_device": true})];
+    all.extend_from_slice(drives);
+    let cfg = json!({
+        "boot-source": {"kernel_image_path": img.file(kernel), "boot_args": format!("{BASE_ARGS} {extra_args}")},
+        "drives": all,
+        "machine-config": {"vcpu_count": vcpus, "mem_size_mib": mem},
+    });
+    let run = run_config(s, &cfg);
+    assert_eq!(run.status, Some(0), "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("EMBER-INIT-OK"), "{}", run.stdout);
+    run
+}
+
+/// The value of `key=` on the init's report line.
+fn report(run: &Run, key: &str) -> String {
+    let line = run.stdout.lines().find(|l| l.starts_with("ember-linux: cpus=")).expect("report line");
+    line.split(' ').find_map(|w| w.strip_prefix(&format!("{key}="))).unwrap().trim().to_string()
+}
+
+/// The lines the test command printed.
+fn command_output(run: &Run) -> Vec<String> {
+    let out = &run.stdout;
+    let start = out.find("EMBER-CMD-BEGIN").expect("command ran") + "EMBER-CMD-BEGIN".len();
+    let end = out.find("EMBER-CMD-END").expect("command ended");
+    out[start..end].lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect()
+}
+
+#[test]
+fn linux_sees_the_vcpus_and_memory() {
+    let Some(img) = linux_or_skip("linux_sees_the_vcpus_and_memory") else { return };
+    for n in [1u8, 2, 4] {
+        let s = Scratch::new("linux-cpus");
+        let run = boot(&img, &s, "vmlinux", "", n, 256, &[]);
+        assert_eq!(report(&run, "cpus"), n.to_string());
+    }
+    for mib in [128u64, 4096] {
+        let s = Scratch::new("linux-mem");
+        let run = boot(&img, &s, "vmlinux", "", 1, mib, &[]);
+        let kib: u64 = report(&run, "memtotal_kib").parse().unwrap();
+        assert!(kib < mib * 1024 && kib > (mib - 48) * 1024, "{mib} MiB gave MemTotal {kib} KiB");
+    }
+}
+
+#[test]
+fn linux_boots_as_vmlinux_bzimage_and_from_an_initramfs() {
+    let Some(img) = linux_or_skip("linux_boots_as_vmlinux_bzimage_and_from_an_initramfs") else { return };
+    for kernel in ["vmlinux", "bzImage"] {
+        let s = Scratch::new("linux-kernel");
+        let run = boot(&img, &s, kernel, "", 1, 128, &[]);
+        assert!(run.stdout.contains("EMBER-POWEROFF"), "{kernel}: {}", run.stdout);
+    }
+    let s = Scratch::new("linux-initrd");
+    let cfg = json!({
+        "boot-source": {"kernel_image_path": img.file("bzImage"), "initrd_path": img.file("initramfs.cpio.gz"), "boot_args": BASE_ARGS},
+        "machine-config": {"vcpu_count": 1, "mem_size_mib": 128},
+    });
+    let run = run_config(&s, &cfg);
+    assert_eq!(run.status, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("EMBER-INIT-OK"), "{}", run.stdout);
+    assert_eq!(report(&run, "root"), "rootfs", "running from the initramfs");
+}
+
+#[test]
+fn linux_writes_a_data_disk_byte_for_byte() {
+    let Some(img) = linux_or_skip("linux_writes_a_data_disk_byte_for_byte") else { return };
+    let s = Scratch::new("linux-write");
+    let data = s.file("data.img", &vec![0u8; 1 << 20]);
+    let cmd = r#"ember_cmd="echo ember-data-line > /tmp/f; dd if=/tmp/f of=/dev/vdb bs=512 conv=sync,fsync""#;
+    boot(&img, &s, "vmlinux", cmd, 1, 128, &[json!({"drive_id": "data", "path_on_host": data, "is_root_device": false})]);
+    let after = read(&s.path("data.img"));
+    let mut expected = b"ember-data-line\n".to_vec();
+    expected.resize(512, 0);
+    assert_eq!(&after[..512], &expected[..]);
+    assert!(after[512..].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn linux_cannot_write_a_read_only_drive() {
+    let Some(img) = linux_or_skip("linux_cannot_write_a_read_only_drive") else { return };
+    let s = Scratch::new("linux-ro");
+    let bytes = noise(1 << 20, 2);
+    let ro = s.file("ro.img", &bytes);
+    let cmd = r#"ember_cmd="dd if=/dev/zero of=/dev/vdb bs=512 count=1 conv=fsync; echo rc=$?""#;
+    let run = boot(
+        &img,
+        &s,
+        "vmlinux",
+        cmd,
+        1,
+        128,
+        &[json!({"drive_id": "golden", "path_on_host": ro, "is_root_device": false, "is_read_only": true})],
+    );
+    assert!(!command_output(&run).contains(&"rc=0".to_string()), "{}", run.stdout);
+    assert_eq!(read(&s.path("ro.img")), bytes);
+}
+
+#[test]
+fn linux_shows_drive_ids_as_serials() {
+    let Some(img) = linux_or_skip("linux_shows_drive_ids_as_serials") else { return };
+    let s = Scratch::new("linux-serial");
+    let a = s.file("a.img", &[0u8; 65536]);
+    let b = s.file("b.img", &[0u8; 65536]);
+    let cmd = r#"ember_cmd="cat /sys/block/vdb/serial; echo; cat /sys/block/vdc/serial; echo""#;
+    let drives = [
+        json!({"drive_id": "first_disk", "path_on_host": a, "is_root_device": false}),
+        json!({"drive_id": "second_disk", "path_on_host": b, "is_root_device": false}),
+    ];
+    let run = boot(&img, &s, "vmlinux", cmd, 1, 128, &drives);
+    assert_eq!(command_output(&run), vec!["first_disk", "second_disk"]);
+}
+
+#[test]
+fn linux_reboot_and_panic_end_ember_with_status_0() {
+    let Some(img) = linux_or_skip("linux_reboot_and_panic_end_ember_with_status_0") else { return };
+    let s = Scratch::new("linux-reboot");
+    let run = boot(&img, &s, "vmlinux", r#"ember_cmd="reboot -f""#, 1, 128, &[]);
+    assert!(!run.stdout.contains("EMBER-POWEROFF"), "reboot -f ended it first");
+    let s = Scratch::new("linux-panic");
+    let run = boot(&img, &s, "vmlinux", "ember_panic=1", 1, 128, &[]);
+    assert!(run.stdout.contains("Kernel panic"), "{}", run.stdout);
+}
