@@ -59,7 +59,7 @@ cp "$here/init" "$tree/init"
 ln -s ../init "$tree/sbin/init"
 ln -s busybox "$tree/bin/sh"
 echo "root:x:0:0:root:/root:/bin/sh" > "$tree/etc/passwd"
-mkfs.ext4 -q -F -L ember-root -d "$tree" "$work/rootfs.ext4" 32M
+mkfs.ext4 -q -F -L ember-root -d "$tree" "$work/rootfs.ext4" 32M >&2
 (cd "$tree" && find . | cpio -o -H newc --quiet) | gzip -9 > "$work/initramfs.cpio.gz"
 
 mkdir -p "$out"
