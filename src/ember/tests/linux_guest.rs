@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use common::*;
 use serde_json::json;
 
-const BASE_ARGS: &str = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
+const BASE_ARGS: &str =
+    "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
 
 struct Images {
     dir: PathBuf,
@@ -26,7 +27,9 @@ fn linux_or_skip(test: &str) -> Option<Images> {
     if !kvm_or_skip(test) {
         return None;
     }
-    if std::path::Path::new("/sys/module/kvm_pvm").exists() && std::env::var_os("EMBER_FORCE_LINUX").is_none() {
+    if std::path::Path::new("/sys/module/kvm_pvm").exists()
+        && std::env::var_os("EMBER_FORCE_LINUX").is_none()
+    {
         skip(test, "this host's KVM is kvm_pvm, where stock Linux guests stop with emulation failures (issue 3)");
         return None;
     }
@@ -34,12 +37,18 @@ fn linux_or_skip(test: &str) -> Option<Images> {
         Some(d) => PathBuf::from(d),
         None => {
             let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../guest/build.sh");
-            let out = std::process::Command::new(script).arg("--dir").output().expect("run guest/build.sh --dir");
+            let out = std::process::Command::new(script)
+                .arg("--dir")
+                .output()
+                .expect("run guest/build.sh --dir");
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
         }
     };
     if !dir.join("done").exists() {
-        skip(test, "the Linux guest images are not built; run guest/build.sh");
+        skip(
+            test,
+            "the Linux guest images are not built; run guest/build.sh",
+        );
         return None;
     }
     Some(Images { dir })
@@ -64,15 +73,29 @@ fn boot(
         "machine-config": {"vcpu_count": vcpus, "mem_size_mib": mem},
     });
     let run = run_config(s, &cfg);
-    assert_eq!(run.status, Some(0), "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+    assert_eq!(
+        run.status,
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
+    );
     assert!(run.stdout.contains("EMBER-INIT-OK"), "{}", run.stdout);
     run
 }
 
 /// The value of `key=` on the init's report line.
 fn report(run: &Run, key: &str) -> String {
-    let line = run.stdout.lines().find(|l| l.starts_with("ember-linux: cpus=")).expect("report line");
-    line.split(' ').find_map(|w| w.strip_prefix(&format!("{key}="))).unwrap().trim().to_string()
+    let line = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("ember-linux: cpus="))
+        .expect("report line");
+    line.split(' ')
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .unwrap()
+        .trim()
+        .to_string()
 }
 
 /// The lines the test command printed.
@@ -80,12 +103,18 @@ fn command_output(run: &Run) -> Vec<String> {
     let out = &run.stdout;
     let start = out.find("EMBER-CMD-BEGIN").expect("command ran") + "EMBER-CMD-BEGIN".len();
     let end = out.find("EMBER-CMD-END").expect("command ended");
-    out[start..end].lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect()
+    out[start..end]
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 #[test]
 fn linux_sees_the_vcpus_and_memory() {
-    let Some(img) = linux_or_skip("linux_sees_the_vcpus_and_memory") else { return };
+    let Some(img) = linux_or_skip("linux_sees_the_vcpus_and_memory") else {
+        return;
+    };
     for n in [1u8, 2, 4] {
         let s = Scratch::new("linux-cpus");
         let run = boot(&img, &s, "vmlinux", "", n, 256, &[]);
@@ -95,17 +124,26 @@ fn linux_sees_the_vcpus_and_memory() {
         let s = Scratch::new("linux-mem");
         let run = boot(&img, &s, "vmlinux", "", 1, mib, &[]);
         let kib: u64 = report(&run, "memtotal_kib").parse().unwrap();
-        assert!(kib < mib * 1024 && kib > (mib - 48) * 1024, "{mib} MiB gave MemTotal {kib} KiB");
+        assert!(
+            kib < mib * 1024 && kib > (mib - 48) * 1024,
+            "{mib} MiB gave MemTotal {kib} KiB"
+        );
     }
 }
 
 #[test]
 fn linux_boots_as_vmlinux_bzimage_and_from_an_initramfs() {
-    let Some(img) = linux_or_skip("linux_boots_as_vmlinux_bzimage_and_from_an_initramfs") else { return };
+    let Some(img) = linux_or_skip("linux_boots_as_vmlinux_bzimage_and_from_an_initramfs") else {
+        return;
+    };
     for kernel in ["vmlinux", "bzImage"] {
         let s = Scratch::new("linux-kernel");
         let run = boot(&img, &s, kernel, "", 1, 128, &[]);
-        assert!(run.stdout.contains("EMBER-POWEROFF"), "{kernel}: {}", run.stdout);
+        assert!(
+            run.stdout.contains("EMBER-POWEROFF"),
+            "{kernel}: {}",
+            run.stdout
+        );
     }
     let s = Scratch::new("linux-initrd");
     let cfg = json!({
@@ -120,11 +158,21 @@ fn linux_boots_as_vmlinux_bzimage_and_from_an_initramfs() {
 
 #[test]
 fn linux_writes_a_data_disk_byte_for_byte() {
-    let Some(img) = linux_or_skip("linux_writes_a_data_disk_byte_for_byte") else { return };
+    let Some(img) = linux_or_skip("linux_writes_a_data_disk_byte_for_byte") else {
+        return;
+    };
     let s = Scratch::new("linux-write");
     let data = s.file("data.img", &vec![0u8; 1 << 20]);
     let cmd = r#"ember_cmd="echo ember-data-line > /tmp/f; dd if=/tmp/f of=/dev/vdb bs=512 conv=sync,fsync""#;
-    boot(&img, &s, "vmlinux", cmd, 1, 128, &[json!({"drive_id": "data", "path_on_host": data, "is_root_device": false})]);
+    boot(
+        &img,
+        &s,
+        "vmlinux",
+        cmd,
+        1,
+        128,
+        &[json!({"drive_id": "data", "path_on_host": data, "is_root_device": false})],
+    );
     let after = read(&s.path("data.img"));
     let mut expected = b"ember-data-line\n".to_vec();
     expected.resize(512, 0);
@@ -134,7 +182,9 @@ fn linux_writes_a_data_disk_byte_for_byte() {
 
 #[test]
 fn linux_cannot_write_a_read_only_drive() {
-    let Some(img) = linux_or_skip("linux_cannot_write_a_read_only_drive") else { return };
+    let Some(img) = linux_or_skip("linux_cannot_write_a_read_only_drive") else {
+        return;
+    };
     let s = Scratch::new("linux-ro");
     let bytes = noise(1 << 20, 2);
     let ro = s.file("ro.img", &bytes);
@@ -146,15 +196,23 @@ fn linux_cannot_write_a_read_only_drive() {
         cmd,
         1,
         128,
-        &[json!({"drive_id": "golden", "path_on_host": ro, "is_root_device": false, "is_read_only": true})],
+        &[
+            json!({"drive_id": "golden", "path_on_host": ro, "is_root_device": false, "is_read_only": true}),
+        ],
     );
-    assert!(!command_output(&run).contains(&"rc=0".to_string()), "{}", run.stdout);
+    assert!(
+        !command_output(&run).contains(&"rc=0".to_string()),
+        "{}",
+        run.stdout
+    );
     assert_eq!(read(&s.path("ro.img")), bytes);
 }
 
 #[test]
 fn linux_shows_drive_ids_as_serials() {
-    let Some(img) = linux_or_skip("linux_shows_drive_ids_as_serials") else { return };
+    let Some(img) = linux_or_skip("linux_shows_drive_ids_as_serials") else {
+        return;
+    };
     let s = Scratch::new("linux-serial");
     let a = s.file("a.img", &[0u8; 65536]);
     let b = s.file("b.img", &[0u8; 65536]);
@@ -169,10 +227,15 @@ fn linux_shows_drive_ids_as_serials() {
 
 #[test]
 fn linux_reboot_and_panic_end_ember_with_status_0() {
-    let Some(img) = linux_or_skip("linux_reboot_and_panic_end_ember_with_status_0") else { return };
+    let Some(img) = linux_or_skip("linux_reboot_and_panic_end_ember_with_status_0") else {
+        return;
+    };
     let s = Scratch::new("linux-reboot");
     let run = boot(&img, &s, "vmlinux", r#"ember_cmd="reboot -f""#, 1, 128, &[]);
-    assert!(!run.stdout.contains("EMBER-POWEROFF"), "reboot -f ended it first");
+    assert!(
+        !run.stdout.contains("EMBER-POWEROFF"),
+        "reboot -f ended it first"
+    );
     let s = Scratch::new("linux-panic");
     let run = boot(&img, &s, "vmlinux", "ember_panic=1", 1, 128, &[]);
     assert!(run.stdout.contains("Kernel panic"), "{}", run.stdout);

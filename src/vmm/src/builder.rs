@@ -15,7 +15,7 @@ use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
 use devices::Bus;
 use event_manager::EventManager;
-use vm_memory::{Bytes, GuestAddress};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{self, DriveConfig};
@@ -69,6 +69,8 @@ pub enum BuildError {
     EventFd(#[source] std::io::Error),
     #[error("{0}")]
     Vcpu(#[from] vcpu::Error),
+    #[error("the thread registering guest memory with KVM failed")]
+    MemoryThread,
     #[error("there are more MMIO devices than interrupt lines 5 to 23 can serve")]
     TooManyDevices,
 }
@@ -93,10 +95,9 @@ fn eventfd() -> Result<EventFd, BuildError> {
 
 /// Builds a VM from `resources`, ready for [`Vmm::run`].
 pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildError> {
-    let boot = resources
-        .boot_source
-        .as_ref()
-        .ok_or(BuildError::NoBootSource)?;
+    if resources.boot_source.is_none() {
+        return Err(BuildError::NoBootSource);
+    }
     let machine = resources.machine_config;
     let mem_bytes = machine.mem_bytes().map_err(|_| memory::Error::Map {
         mib: machine.mem_size_mib as u64,
@@ -105,9 +106,40 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
 
     let vm = Vm::new()?;
     let mem = memory::create(mem_bytes)?;
-    vm.register_memory(&mem)?;
+    // Registering guest memory mostly waits inside KVM (several ms on kvm_pvm hosts), and
+    // nothing before the first KVM_RUN needs it: run it while the rest is assembled.
+    let (slots, parts) = std::thread::scope(|scope| {
+        let slots = scope.spawn(|| vm.register_memory(&mem));
+        let parts = assemble(&vm, &mem, resources, console);
+        (slots.join(), parts)
+    });
+    slots.map_err(|_| BuildError::MemoryThread)??;
+    let (event_manager, vcpus, exit) = parts?;
+    Ok(Vmm {
+        event_manager,
+        vcpus,
+        exit,
+        _memory: mem,
+        _vm: vm,
+    })
+}
 
-    let kernel = load_kernel(&mem, &boot.kernel_image_path)?;
+type Parts = (EventManager<Subscriber>, Vec<Vcpu>, Arc<ExitSignal>);
+
+/// Everything but the memory slots: kernel, initrd, devices, boot tables, vCPUs.
+fn assemble(
+    vm: &Vm,
+    mem: &GuestMemory,
+    resources: &VmResources,
+    console: Console,
+) -> Result<Parts, BuildError> {
+    let boot = resources
+        .boot_source
+        .as_ref()
+        .ok_or(BuildError::NoBootSource)?;
+    let machine = resources.machine_config;
+    let mem_bytes = mem.iter().map(|r| r.len()).sum::<u64>();
+    let kernel = load_kernel(mem, &boot.kernel_image_path)?;
     let low_ram_end = mem_bytes.min(layout::MMIO_GAP_START);
     let initrd = match &boot.initrd_path {
         Some(path) => {
@@ -116,7 +148,7 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
                 source,
             })?;
             Some(arch::loader::load_initrd(
-                &mem,
+                mem,
                 &mut file,
                 &kernel,
                 low_ram_end,
@@ -132,7 +164,7 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
     let mut mmio = Bus::new();
     let mut cmdline = boot.boot_args().to_string();
 
-    attach_legacy(&vm, &mut pio, &mut event_manager, console, &exit)?;
+    attach_legacy(vm, &mut pio, &mut event_manager, console, &exit)?;
     // Like Firecracker, the boot timer takes the first MMIO window and the drives follow it.
     let mut window = 0;
     if let Some(start) = resources.boot_timer {
@@ -142,8 +174,8 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
     }
     for (index, drive) in resources.drives().iter().enumerate() {
         let (addr, irq) = attach_drive(
-            &vm,
-            &mem,
+            vm,
+            mem,
             &mut mmio,
             &mut event_manager,
             drive,
@@ -156,16 +188,16 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
         cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
     }
 
-    write_cmdline(&mem, &cmdline)?;
+    write_cmdline(mem, &cmdline)?;
     write_boot_info(
-        &mem,
+        mem,
         &kernel,
         initrd,
         machine.vcpu_count,
         mem_bytes,
         cmdline.len() + 1,
     )?;
-    let cr3 = arch::paging::write_identity_tables(&mem)?;
+    let cr3 = arch::paging::write_identity_tables(mem)?;
 
     let caps = vm.host_caps()?;
     let (pio, mmio) = (Arc::new(pio), Arc::new(mmio));
@@ -192,13 +224,7 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
         ));
     }
 
-    Ok(Vmm {
-        event_manager,
-        vcpus,
-        exit,
-        _memory: mem,
-        _vm: vm,
-    })
+    Ok((event_manager, vcpus, exit))
 }
 
 fn load_kernel(mem: &GuestMemory, path: &str) -> Result<KernelEntry, BuildError> {
