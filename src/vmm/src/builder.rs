@@ -14,12 +14,12 @@ use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
 use devices::Bus;
-use event_manager::EventManager;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use event_manager::{EventManager, SubscriberOps};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{self, DriveConfig};
-use crate::event_loop::{self, ExitWatcher, Subscriber, Vmm};
+use crate::config::{self, BootSourceConfig, DriveConfig};
+use crate::event_loop::{ExitWatcher, Subscriber, Vmm};
 use crate::memory::{self, GuestMemory};
 use crate::resources::VmResources;
 use crate::vcpu::{self, BootEntry, Vcpu};
@@ -95,9 +95,10 @@ fn eventfd() -> Result<EventFd, BuildError> {
 
 /// Builds a VM from `resources`, ready for [`Vmm::run`].
 pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildError> {
-    if resources.boot_source.is_none() {
-        return Err(BuildError::NoBootSource);
-    }
+    let boot = resources
+        .boot_source
+        .as_ref()
+        .ok_or(BuildError::NoBootSource)?;
     let machine = resources.machine_config;
     let mem_bytes = machine.mem_bytes().map_err(|_| memory::Error::Map {
         mib: machine.mem_size_mib as u64,
@@ -110,7 +111,7 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
     // nothing before the first KVM_RUN needs it: run it while the rest is assembled.
     let (slots, parts) = std::thread::scope(|scope| {
         let slots = scope.spawn(|| vm.register_memory(&mem));
-        let parts = assemble(&vm, &mem, resources, console);
+        let parts = assemble(&vm, &mem, mem_bytes, boot, resources, console);
         (slots.join(), parts)
     });
     slots.map_err(|_| BuildError::MemoryThread)??;
@@ -130,15 +131,12 @@ type Parts = (EventManager<Subscriber>, Vec<Vcpu>, Arc<ExitSignal>);
 fn assemble(
     vm: &Vm,
     mem: &GuestMemory,
+    mem_bytes: u64,
+    boot: &BootSourceConfig,
     resources: &VmResources,
     console: Console,
 ) -> Result<Parts, BuildError> {
-    let boot = resources
-        .boot_source
-        .as_ref()
-        .ok_or(BuildError::NoBootSource)?;
     let machine = resources.machine_config;
-    let mem_bytes = mem.iter().map(|r| r.len()).sum::<u64>();
     let kernel = load_kernel(mem, &boot.kernel_image_path)?;
     let low_ram_end = mem_bytes.min(layout::MMIO_GAP_START);
     let initrd = match &boot.initrd_path {
@@ -250,20 +248,17 @@ fn attach_legacy(
         Serial::new(serial_irq, console.output, console.input).map_err(BuildError::EventFd)?;
     let serial = Arc::new(Mutex::new(serial));
     pio.insert(COM1_BASE, COM1_LEN, serial.clone())?;
-    event_loop::add(em, serial);
+    em.add_subscriber(serial);
 
     let reset = eventfd()?;
     let kbd_irq = eventfd()?;
     vm.register_irqfd(&kbd_irq, I8042_IRQ)?;
     let i8042 = I8042::new(reset.try_clone().map_err(BuildError::EventFd)?, kbd_irq);
     pio.insert(I8042_BASE, i8042::PORT_RANGE, Arc::new(Mutex::new(i8042)))?;
-    event_loop::add(
-        em,
-        Arc::new(Mutex::new(ExitWatcher {
-            reset,
-            exit: exit.clone(),
-        })),
-    );
+    em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
+        reset,
+        exit: exit.clone(),
+    })));
     Ok(())
 }
 
@@ -310,7 +305,7 @@ fn attach_drive(
         layout::VIRTIO_MMIO_SIZE,
         Arc::new(Mutex::new(transport)),
     )?;
-    event_loop::add(em, block);
+    em.add_subscriber(block);
     Ok((addr, irq))
 }
 

@@ -4,7 +4,7 @@
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
-use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
+use event_manager::{EventManager, EventOps, Events, MutEventSubscriber};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -80,8 +80,4 @@ impl MutEventSubscriber for ExitWatcher {
             let _ = self.exit.event().read();
         }
     }
-}
-
-pub(crate) fn add(em: &mut EventManager<Subscriber>, subscriber: Subscriber) {
-    em.add_subscriber(subscriber);
 }
