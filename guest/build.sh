@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Ember's guest images from Debian packages and caches them outside the repository,
 # keyed by a hash of every input, so a second run takes seconds:
-#   vmlinux, bzImage      linux-source-6.1 + kernel.fragment (make allnoconfig)
+#   vmlinux, bzImage      linux-source-6.1 + pvm-syscall.patch + kernel.fragment (allnoconfig)
 #   rootfs.ext4           busybox-static + init, made with mkfs.ext4 -d (no mount, no loop)
 #   initramfs.cpio.gz     the same tree as an initramfs
 # Prints the cache directory holding them on its last line.
@@ -17,7 +17,7 @@ source_tar=/usr/src/linux-source-6.1.tar.xz
 pkg_version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo unknown; }
 
 key=$( {
-    cat "$here/build.sh" "$here/kernel.fragment" "$here/init"
+    cat "$here/build.sh" "$here/kernel.fragment" "$here/init" "$here/pvm-syscall.patch"
     pkg_version linux-source-6.1
     pkg_version busybox-static
     gcc -dumpfullversion 2>/dev/null || true
@@ -32,7 +32,7 @@ if [ -f "$out/done" ]; then
     exit 0
 fi
 
-for tool in make gcc bc flex bison cpio gzip mkfs.ext4 xz; do need "$tool"; done
+for tool in make gcc bc flex bison cpio gzip mkfs.ext4 xz patch; do need "$tool"; done
 [ -f "$source_tar" ] || { echo "guest/build.sh: $source_tar is missing (apt-get install linux-source-6.1)" >&2; exit 1; }
 [ -x /bin/busybox ] || { echo "guest/build.sh: /bin/busybox is missing (apt-get install busybox-static)" >&2; exit 1; }
 
@@ -43,6 +43,8 @@ trap 'rm -rf "$work"' EXIT
 echo "guest/build.sh: building the kernel (a few minutes on 2 cores)" >&2
 tar -C "$work" -xf "$source_tar"
 src="$work/linux-source-6.1"
+# One small change for PVM hosts, off unless the command line asks for it (docs/pvm.md).
+patch -s -d "$src" -p1 < "$here/pvm-syscall.patch"
 make -C "$src" -s allnoconfig KCONFIG_ALLCONFIG="$here/kernel.fragment" >&2
 # Every option of the fragment must have survived allnoconfig's dependency resolution.
 while IFS= read -r opt; do

@@ -96,6 +96,13 @@ pub fn filter(entries: &mut [kvm_cpuid_entry2], topo: Topology) {
     }
 }
 
+/// Clears `ecx_bits` in leaf 1: features the VMM must keep from the guest on this host.
+pub fn hide_leaf1_ecx(entries: &mut [kvm_cpuid_entry2], ecx_bits: u32) {
+    for entry in entries.iter_mut().filter(|e| e.function == LEAF_FEATURES) {
+        entry.ecx &= !ecx_bits;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +129,15 @@ mod tests {
             leaf(0xb, 1),
             leaf(0xb, 2),
         ]
+    }
+
+    #[test]
+    fn hidden_features_leave_the_rest() {
+        let mut entries = fixture();
+        entries[1].ecx = 0x8000_2001;
+        hide_leaf1_ecx(&mut entries, 1 << 13);
+        assert_eq!(entries[1].ecx, 0x8000_0001);
+        assert_eq!(entries[0], leaf(0, 0));
     }
 
     #[test]

@@ -22,6 +22,7 @@ use crate::config::{self, BootSourceConfig, DriveConfig};
 use crate::event_loop::{ExitWatcher, Subscriber, Vmm};
 use crate::memory::{self, GuestMemory};
 use crate::resources::VmResources;
+use crate::vcpu::stats::VcpuStats;
 use crate::vcpu::{self, BootEntry, Vcpu};
 use crate::vm::{self, Vm};
 use crate::ExitSignal;
@@ -115,17 +116,23 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
         (slots.join(), parts)
     });
     slots.map_err(|_| BuildError::MemoryThread)??;
-    let (event_manager, vcpus, exit) = parts?;
+    let (event_manager, vcpus, vcpu_stats, exit) = parts?;
     Ok(Vmm {
         event_manager,
         vcpus,
+        vcpu_stats,
         exit,
         _memory: mem,
         _vm: vm,
     })
 }
 
-type Parts = (EventManager<Subscriber>, Vec<Vcpu>, Arc<ExitSignal>);
+type Parts = (
+    EventManager<Subscriber>,
+    Vec<Vcpu>,
+    Vec<VcpuStats>,
+    Arc<ExitSignal>,
+);
 
 /// Everything but the memory slots: kernel, initrd, devices, boot tables, vCPUs.
 fn assemble(
@@ -160,7 +167,12 @@ fn assemble(
     let exit = Arc::new(ExitSignal::new().map_err(BuildError::EventFd)?);
     let mut pio = Bus::new();
     let mut mmio = Bus::new();
+    let caps = vm.host_caps()?;
     let mut cmdline = boot.boot_args().to_string();
+    if caps.pvm {
+        cmdline.push(' ');
+        cmdline.push_str(crate::pvm::BOOT_ARGS);
+    }
 
     attach_legacy(vm, &mut pio, &mut event_manager, console, &exit)?;
     // Like Firecracker, the boot timer takes the first MMIO window and the drives follow it.
@@ -197,9 +209,9 @@ fn assemble(
     )?;
     let cr3 = arch::paging::write_identity_tables(mem)?;
 
-    let caps = vm.host_caps()?;
     let (pio, mmio) = (Arc::new(pio), Arc::new(mmio));
     let mut vcpus = Vec::with_capacity(usize::from(machine.vcpu_count));
+    let mut stats = Vec::with_capacity(usize::from(machine.vcpu_count));
     for index in 0..machine.vcpu_count {
         let fd = vm.create_vcpu(index)?;
         let topo = Topology {
@@ -213,16 +225,18 @@ fn assemble(
             cr3,
         });
         Vcpu::configure(&fd, topo, &caps, entry)?;
+        stats.extend(VcpuStats::open(&fd));
         vcpus.push(Vcpu::new(
             index,
             fd,
             pio.clone(),
             mmio.clone(),
             exit.clone(),
+            mem.clone(),
         ));
     }
 
-    Ok((event_manager, vcpus, exit))
+    Ok((event_manager, vcpus, stats, exit))
 }
 
 fn load_kernel(mem: &GuestMemory, path: &str) -> Result<KernelEntry, BuildError> {

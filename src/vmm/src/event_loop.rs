@@ -8,6 +8,7 @@ use event_manager::{EventManager, EventOps, Events, MutEventSubscriber};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::vcpu::stats::VcpuStats;
 use crate::vcpu::Vcpu;
 use crate::{ExitSignal, VmExit};
 
@@ -17,6 +18,7 @@ pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
 pub struct Vmm {
     pub(crate) event_manager: EventManager<Subscriber>,
     pub(crate) vcpus: Vec<Vcpu>,
+    pub(crate) vcpu_stats: Vec<VcpuStats>,
     pub(crate) exit: Arc<ExitSignal>,
     /// Kept alive for the VM's lifetime: KVM's memory slots point into it.
     pub(crate) _memory: crate::memory::GuestMemory,
@@ -46,11 +48,27 @@ impl Vmm {
         }
         loop {
             if let Some(reason) = self.exit.reason() {
+                self.log_exit_counts();
                 return reason;
             }
             if let Err(e) = self.event_manager.run() {
                 return VmExit::VmmError(format!("the event loop failed: {e}"));
             }
+        }
+    }
+
+    /// Logs KVM's counters for each vCPU (exits by reason), at Info: `--level Info`.
+    fn log_exit_counts(&self) {
+        if !log::log_enabled!(log::Level::Info) {
+            return;
+        }
+        for (index, stats) in self.vcpu_stats.iter().enumerate() {
+            let counts: Vec<String> = stats
+                .read()
+                .into_iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            log::info!("vCPU {index} KVM counters: {}", counts.join(" "));
         }
     }
 }

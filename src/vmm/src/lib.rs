@@ -12,6 +12,7 @@ pub mod builder;
 pub mod config;
 pub mod event_loop;
 pub mod memory;
+pub mod pvm;
 pub mod resources;
 pub mod vcpu;
 pub mod vm;

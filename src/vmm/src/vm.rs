@@ -45,6 +45,8 @@ pub enum Error {
 pub struct HostCaps {
     pub supported_cpuid: CpuId,
     pub msr_indices: Vec<u32>,
+    /// The host's KVM is kvm_pvm ([`crate::pvm`]).
+    pub pvm: bool,
 }
 
 #[derive(Debug)]
@@ -93,6 +95,7 @@ impl Vm {
         Ok(HostCaps {
             supported_cpuid,
             msr_indices,
+            pvm: crate::pvm::host_is_pvm(),
         })
     }
 

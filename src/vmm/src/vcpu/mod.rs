@@ -1,7 +1,9 @@
 //! vCPUs: their boot state (CPUID, MSRs, FPU, LAPIC, and registers for the boot vCPU) and the
 //! thread that runs each of them.
 
+pub mod emulate;
 pub mod exit;
+pub mod stats;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -12,6 +14,7 @@ use devices::Bus;
 use kvm_bindings::{kvm_msr_entry, Msrs};
 use kvm_ioctls::VcpuFd;
 
+use crate::memory::GuestMemory;
 use crate::vm::HostCaps;
 use crate::{ExitSignal, VmExit};
 
@@ -43,6 +46,7 @@ pub struct Vcpu {
     pio: Arc<Bus>,
     mmio: Arc<Bus>,
     exit: Arc<ExitSignal>,
+    mem: GuestMemory,
 }
 
 impl Vcpu {
@@ -57,6 +61,9 @@ impl Vcpu {
         let index = topo.cpu_index;
         let mut cpuid = caps.supported_cpuid.clone();
         arch::cpuid::filter(cpuid.as_mut_slice(), topo);
+        if caps.pvm {
+            arch::cpuid::hide_leaf1_ecx(cpuid.as_mut_slice(), crate::pvm::HIDDEN_LEAF1_ECX);
+        }
         fd.set_cpuid2(&cpuid).map_err(|e| Error::Cpuid(index, e))?;
 
         let entries: Vec<kvm_msr_entry> = arch::msr::boot_msrs()
@@ -102,6 +109,7 @@ impl Vcpu {
         pio: Arc<Bus>,
         mmio: Arc<Bus>,
         exit: Arc<ExitSignal>,
+        mem: GuestMemory,
     ) -> Self {
         Vcpu {
             index,
@@ -109,6 +117,7 @@ impl Vcpu {
             pio,
             mmio,
             exit,
+            mem,
         }
     }
 
@@ -122,6 +131,20 @@ impl Vcpu {
             .map_err(|e| Error::Spawn(index, e))
     }
 
+    /// Performs the instruction KVM could not, or stops the VM saying which one it was.
+    fn emulate(&mut self) -> exit::Outcome {
+        match emulate::handle_internal_error(&mut self.fd, &self.mem) {
+            Ok(kind) => {
+                log::debug!("vCPU {} emulated {kind:?}", self.index);
+                exit::Outcome::Continue
+            }
+            Err(e) => exit::Outcome::Stop(VmExit::VcpuError(format!(
+                "vCPU {} stopped: the host could not emulate a guest instruction, nor could Ember: {e}",
+                self.index
+            ))),
+        }
+    }
+
     fn run(mut self) {
         loop {
             let outcome = match self.fd.run() {
@@ -133,6 +156,10 @@ impl Vcpu {
                     "vCPU {} failed to run: {e}",
                     self.index
                 ))),
+            };
+            let outcome = match outcome {
+                exit::Outcome::Emulate => self.emulate(),
+                other => other,
             };
             if let exit::Outcome::Stop(reason) = outcome {
                 self.exit.report(reason);

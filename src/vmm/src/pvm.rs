@@ -1,0 +1,23 @@
+//! PVM hosts: KVM provided by the `kvm_pvm` module (Pagetable-based Virtual Machine), found on
+//! cloud VMs without hardware virtualisation. There a stock Linux guest stops or misbehaves
+//! where real hardware would not; Ember detects the host and adapts the guest, so that the
+//! same command works everywhere. docs/pvm.md explains each adaptation.
+
+use std::path::Path;
+
+/// Added to the kernel command line on PVM hosts, after the user's boot arguments:
+/// - `noxsave`: PVM forces XSAVE on in CPUID and then cannot emulate XRSTOR; FXSAVE works.
+/// - `clearcpuid=popcnt,smap`: CPUID shows the host's POPCNT and SMAP whatever KVM_SET_CPUID2
+///   says, and the host's emulator lacks POPCNT, CLAC and STAC, which the kernel would patch in.
+/// - `ember_pvm_syscall`: turns on the guest kernel's fix for SYSCALL from user mode
+///   (guest/pvm-syscall.patch); kernels without the patch ignore it.
+pub const BOOT_ARGS: &str = "noxsave clearcpuid=popcnt,smap ember_pvm_syscall";
+
+/// CPUID leaf 1 ECX bits Ember hides on PVM hosts (KVM does pass these on): CMPXCHG16B,
+/// which the host cannot emulate and Linux's SLUB would use on every allocation.
+pub const HIDDEN_LEAF1_ECX: u32 = 1 << 13;
+
+/// Whether this host's KVM is kvm_pvm.
+pub fn host_is_pvm() -> bool {
+    Path::new("/sys/module/kvm_pvm").exists()
+}
