@@ -70,6 +70,10 @@ impl Vmm {
                 .collect();
             log::info!("vCPU {index} KVM counters: {}", counts.join(" "));
         }
+        let emulated = crate::vcpu::emulate::emulated_counts();
+        if !emulated.is_empty() {
+            log::info!("instructions Ember emulated: {emulated:?}");
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 //! A decoder for the few instructions Ember performs itself when the host's emulator cannot:
-//! INT3 and CMPXCHG8B/CMPXCHG16B. Everything else decodes to an error naming the opcode, so
+//! INT3, FWAIT and CMPXCHG8B/CMPXCHG16B. Everything else decodes to an error naming the opcode, so
 //! that a stop is reported precisely. The bytes come from guest memory: the decoder never
 //! reads past the slice it is given.
 
@@ -32,6 +32,8 @@ pub enum Segment {
 pub enum Op {
     /// `int3` (0xCC): a breakpoint trap.
     Int3,
+    /// `fwait` (0x9B): waits for pending x87 exceptions.
+    Fwait,
     /// `cmpxchg8b m64` or, with REX.W, `cmpxchg16b m128`; `width` is 8 or 16 bytes.
     CmpXchg { width: u8, mem: MemOperand },
 }
@@ -96,6 +98,12 @@ pub fn decode(bytes: &[u8], long_mode: bool) -> Result<Insn, DecodeError> {
                 return Err(DecodeError::Invalid);
             }
             Ok(insn(Op::Int3, at))
+        }
+        0x9b => {
+            if lock {
+                return Err(DecodeError::Invalid);
+            }
+            Ok(insn(Op::Fwait, at))
         }
         0x0f => {
             op = next(&mut at)?;
@@ -233,6 +241,13 @@ mod tests {
         );
         assert_eq!(decode(&[0xcc], false).unwrap().len, 1);
         assert_eq!(decode(&[0xf0, 0xcc], true), Err(DecodeError::Invalid));
+        assert_eq!(
+            decode(&[0x9b, 0x65], true),
+            Ok(Insn {
+                op: Op::Fwait,
+                len: 1
+            })
+        );
     }
 
     #[test]

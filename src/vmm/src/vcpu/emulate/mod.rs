@@ -3,13 +3,17 @@
 //! (`kvm_pvm`) the guest kernel runs deprivileged and the host emulates what traps; its
 //! emulator gives up on a few instructions that hardware runs natively. Ember reads the
 //! instruction at RIP through the guest's page tables and does what the CPU would:
-//! INT3 becomes a #BP for the guest, CMPXCHG8B/16B is performed atomically on guest RAM.
+//! INT3 becomes a #BP for the guest, CMPXCHG8B/16B is performed atomically on guest RAM,
+//! FWAIT completes (the guest's x87 state lives in KVM and has no pending exceptions to
+//! deliver here: Linux runs FWAIT only to drop such exceptions).
 //! Anything else stops the VM with the instruction's bytes and registers in the error.
 //! Every byte, table entry and address involved is guest-controlled and bounds-checked.
 
 pub mod atomic;
 pub mod decode;
 pub mod walk;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::VcpuFd;
@@ -52,8 +56,29 @@ pub enum Effect {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Int3,
+    Fwait,
     CmpXchg8b,
     CmpXchg16b,
+}
+
+const KINDS: [Kind; 4] = [Kind::Int3, Kind::Fwait, Kind::CmpXchg8b, Kind::CmpXchg16b];
+
+/// How many instructions of each kind Ember emulated in this process (one VM per process).
+static EMULATED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+impl Kind {
+    fn count(self) {
+        EMULATED[self as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The instructions Ember emulated so far, by kind, leaving out kinds it never met.
+pub fn emulated_counts() -> Vec<(Kind, u64)> {
+    KINDS
+        .iter()
+        .map(|&k| (k, EMULATED[k as usize].load(Ordering::Relaxed)))
+        .filter(|&(_, n)| n != 0)
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -122,6 +147,10 @@ pub fn step(cpu: &mut CpuState, mem: &GuestMemory) -> Result<(Kind, Effect), Emu
                     cr2: None,
                 }),
             ))
+        }
+        Op::Fwait => {
+            cpu.rip = next_rip;
+            Ok((Kind::Fwait, Effect::Done))
         }
         Op::CmpXchg {
             width,
@@ -257,6 +286,7 @@ pub fn handle_internal_error(fd: &mut VcpuFd, mem: &GuestMemory) -> Result<Kind,
     let mut sregs = fd.get_sregs().map_err(state_err)?;
     let mut cpu = CpuState::from_kvm(&regs, &sregs);
     let (kind, effect) = step(&mut cpu, mem)?;
+    kind.count();
     cpu.store(&mut regs);
     fd.set_regs(&regs).map_err(state_err)?;
     if let Effect::Raise(exc) = effect {

@@ -144,6 +144,14 @@ fn int3_traps_with_rip_after_it() {
     assert_eq!(c.gpr, before.gpr);
 }
 
+#[test]
+fn fwait_completes() {
+    let (mem, paging) = guest();
+    let mut c = cpu(paging, &[0x9b, 0x65], &mem);
+    assert_eq!(step(&mut c, &mem), Ok((Kind::Fwait, Effect::Done)));
+    assert_eq!(c.rip, CODE + 1);
+}
+
 /// `lock cmpxchg16b [rsi+0x20]`, as in Linux's SLUB.
 const CMPXCHG16B_RSI_20: [u8; 6] = [0xf0, 0x48, 0x0f, 0xc7, 0x4e, 0x20];
 
