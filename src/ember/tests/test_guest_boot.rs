@@ -103,7 +103,10 @@ fn elf_pvh_elf_64_bit_and_bzimage_boot_with_an_initrd() {
         let run = run_config(&s, &cfg);
         run.assert_clean_exit();
         assert_eq!(run.line("boot="), boot, "{image}");
-        assert_eq!(run.line("cmdline="), "cmdline=console=ttyS0 nosmp foo=bar");
+        assert_eq!(
+            run.line("cmdline="),
+            format!("cmdline=console=ttyS0 nosmp foo=bar{}", host_args())
+        );
         assert_eq!(run.value("initrd", "size"), initrd_bytes.len().to_string());
         assert_eq!(
             run.value("initrd", "fnv"),
@@ -127,7 +130,7 @@ fn without_boot_args_the_firecracker_default_is_used() {
     run.assert_clean_exit();
     assert_eq!(
         run.line("cmdline="),
-        "cmdline=reboot=k panic=1 pci=off nomodule 8250.nr_uarts=0 i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"
+        format!("cmdline=reboot=k panic=1 pci=off nomodule 8250.nr_uarts=0 i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd{}", host_args())
     );
     assert_eq!(run.line("initrd"), "initrd none");
 }

@@ -172,8 +172,18 @@ pub fn finish(mut child: Child, started: Instant, deadline: Duration) -> Run {
 
 /// Runs `ember --no-api --config-file <config>` with a 60 s deadline.
 pub fn run_config(scratch: &Scratch, config: &serde_json::Value) -> Run {
+    run_config_within(scratch, config, Duration::from_secs(60))
+}
+
+/// The same with another deadline (Linux guests on kvm_pvm hosts take tens of seconds).
+pub fn run_config_within(scratch: &Scratch, config: &serde_json::Value, deadline: Duration) -> Run {
     let path = scratch.file("vm.json", config.to_string().as_bytes());
-    run_args(&["--no-api", "--config-file", &path])
+    let started = Instant::now();
+    finish(
+        spawn(&["--no-api", "--config-file", &path]),
+        started,
+        deadline,
+    )
 }
 
 pub fn run_args(args: &[&str]) -> Run {
@@ -203,4 +213,13 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
 
 pub fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap()
+}
+
+/// What Ember appends to the boot arguments on this host: its PVM adaptations, or nothing.
+pub fn host_args() -> String {
+    if vmm::pvm::host_is_pvm() {
+        format!(" {}", vmm::pvm::BOOT_ARGS)
+    } else {
+        String::new()
+    }
 }
