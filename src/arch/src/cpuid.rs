@@ -96,10 +96,18 @@ pub fn filter(entries: &mut [kvm_cpuid_entry2], topo: Topology) {
     }
 }
 
-/// Clears `ecx_bits` in leaf 1: features the VMM must keep from the guest on this host.
-pub fn hide_leaf1_ecx(entries: &mut [kvm_cpuid_entry2], ecx_bits: u32) {
-    for entry in entries.iter_mut().filter(|e| e.function == LEAF_FEATURES) {
-        entry.ecx &= !ecx_bits;
+/// KVM's paravirtual feature leaf.
+const LEAF_KVM_FEATURES: u32 = 0x4000_0001;
+
+/// Clears `leaf1_ecx` in leaf 1 and `kvm_eax` in KVM's feature leaf: features the VMM must
+/// keep from the guest on this host.
+pub fn hide_features(entries: &mut [kvm_cpuid_entry2], leaf1_ecx: u32, kvm_eax: u32) {
+    for entry in entries.iter_mut() {
+        match entry.function {
+            LEAF_FEATURES => entry.ecx &= !leaf1_ecx,
+            LEAF_KVM_FEATURES => entry.eax &= !kvm_eax,
+            _ => {}
+        }
     }
 }
 
@@ -134,9 +142,12 @@ mod tests {
     #[test]
     fn hidden_features_leave_the_rest() {
         let mut entries = fixture();
+        entries.push(leaf(LEAF_KVM_FEATURES, 0));
         entries[1].ecx = 0x8000_2001;
-        hide_leaf1_ecx(&mut entries, 1 << 13);
+        entries[7].eax = 0x0100_2881;
+        hide_features(&mut entries, 1 << 13, (1 << 11) | (1 << 7));
         assert_eq!(entries[1].ecx, 0x8000_0001);
+        assert_eq!(entries[7].eax, 0x0100_2001);
         assert_eq!(entries[0], leaf(0, 0));
     }
 

@@ -208,3 +208,41 @@ fn the_boot_timer_logs_the_guest_boot_time() {
     );
     assert_eq!(run.value("blk0 id=", "id"), "rootfs");
 }
+
+fn hex(s: &str) -> u32 {
+    u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
+}
+
+#[test]
+fn the_guest_sees_the_cpuid_ember_sets() {
+    if !kvm_or_skip("the_guest_sees_the_cpuid_ember_sets") {
+        return;
+    }
+    let s = Scratch::new("cpuid");
+    let run = run_config(
+        &s,
+        &config(test_guest::PVH_ELF, 3, 128, Some("cpuid nosmp")),
+    );
+    run.assert_clean_exit();
+    let ebx = hex(&run.value("cpuid 0x1 ", "ebx"));
+    assert_eq!((ebx >> 16) & 0xff, 3, "CPU count in leaf 1");
+    assert_eq!(ebx >> 24, 0, "the boot CPU's APIC ID");
+    let ecx = hex(&run.value("cpuid 0x1 ", "ecx"));
+    assert_ne!(ecx & (1 << 31), 0, "hypervisor bit");
+    assert_eq!(hex(&run.value("cpuid 0xa ", "eax")), 0, "no PMU");
+    assert_eq!(run.value("cpuid 0x40000000 ", "ebx"), "0x4b4d564b", "KVMK");
+    let kvm = hex(&run.value("cpuid 0x40000001 ", "eax"));
+    if vmm::pvm::host_is_pvm() {
+        assert_eq!(
+            ecx & vmm::pvm::HIDDEN_LEAF1_ECX,
+            0,
+            "CMPXCHG16B hidden on PVM"
+        );
+        assert_eq!(
+            kvm & vmm::pvm::HIDDEN_KVM_FEATURES,
+            0,
+            "hypercall features hidden on PVM"
+        );
+    }
+    assert_ne!(kvm & 1, 0, "kvm-clock stays");
+}

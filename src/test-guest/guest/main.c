@@ -9,7 +9,7 @@
  *   nosmp       do not start the APs
  *   hang        never reset (for signal tests)
  *   boottimer   write 123 to Firecracker's boot timer at the first MMIO window when done
- *   cpuid       print what CPUID returns for the leaves the VMM rewrites (1, 0xa, 0x40000000)
+ *   cpuid       print what CPUID returns for leaves the VMM rewrites (1, 0xa, 0x4000000[01])
  */
 
 typedef unsigned char u8;
@@ -348,29 +348,9 @@ static void cpuid(u32 leaf, u32 r[4]) {
     __asm__ volatile("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(0));
 }
 
-static u64 rdtsc(void) { u32 lo, hi; __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi)); return ((u64)hi << 32) | lo; }
-static void probe(void) {
-    u64 fl, x = 0, v = 0xff, r, t0, t1;
-    __asm__ volatile("sti");
-    __asm__ volatile("pushfq; popq %0" : "=r"(fl));
-    line("rflags="); puthex(fl); end();
-    t0 = rdtsc();
-    for (u64 i = 0; i < 1000000; i++) { __asm__ volatile("add %1, %0" : "+r"(x) : "r"(i)); }
-    t1 = rdtsc();
-    line("loop cycles="); putdec(t1 - t0); end();
-    __asm__ volatile("popcnt %1, %0" : "=r"(r) : "r"(v));
-    line("popcnt="); putdec(r); end();
-    __asm__ volatile("cli");
-    t0 = rdtsc();
-    for (u64 i = 0; i < 1000000; i++) { __asm__ volatile("add %1, %0" : "+r"(x) : "r"(i)); }
-    t1 = rdtsc();
-    line("loop cycles IF=0="); putdec(t1 - t0); end();
-}
-
 static void report_cpuid(void) {
-    probe();
-    u32 leaves[3] = {1, 0xa, 0x40000000};
-    for (int i = 0; i < 3; i++) {
+    u32 leaves[4] = {1, 0xa, 0x40000000, 0x40000001};
+    for (int i = 0; i < 4; i++) {
         u32 r[4];
         cpuid(leaves[i], r);
         line("cpuid "); puthex(leaves[i]);

@@ -17,6 +17,12 @@ pub const BOOT_ARGS: &str = "noxsave clearcpuid=popcnt,smap ember_pvm_syscall";
 /// which the host cannot emulate and Linux's SLUB would use on every allocation.
 pub const HIDDEN_LEAF1_ECX: u32 = 1 << 13;
 
+/// KVM paravirtual features (CPUID 0x40000001 EAX) Ember hides on PVM hosts: the ones whose
+/// guest side makes hypercalls. The host answers a guest VMCALL by rewriting the instruction
+/// in the guest's kernel text, which is read-only, so the guest takes a #PF in, for instance,
+/// its PV IPI path. Hidden: PV_UNHALT (7), PV_SEND_IPI (11), PV_SCHED_YIELD (13).
+pub const HIDDEN_KVM_FEATURES: u32 = (1 << 7) | (1 << 11) | (1 << 13);
+
 /// Whether this host's KVM is kvm_pvm.
 pub fn host_is_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()

@@ -62,7 +62,11 @@ impl Vcpu {
         let mut cpuid = caps.supported_cpuid.clone();
         arch::cpuid::filter(cpuid.as_mut_slice(), topo);
         if caps.pvm {
-            arch::cpuid::hide_leaf1_ecx(cpuid.as_mut_slice(), crate::pvm::HIDDEN_LEAF1_ECX);
+            arch::cpuid::hide_features(
+                cpuid.as_mut_slice(),
+                crate::pvm::HIDDEN_LEAF1_ECX,
+                crate::pvm::HIDDEN_KVM_FEATURES,
+            );
         }
         fd.set_cpuid2(&cpuid).map_err(|e| Error::Cpuid(index, e))?;
 
