@@ -130,7 +130,7 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
 type Parts = (
     EventManager<Subscriber>,
     Vec<Vcpu>,
-    Vec<VcpuStats>,
+    Vec<(u8, VcpuStats)>,
     Arc<ExitSignal>,
 );
 
@@ -225,7 +225,7 @@ fn assemble(
             cr3,
         });
         Vcpu::configure(&fd, topo, &caps, entry)?;
-        stats.extend(VcpuStats::open(&fd));
+        stats.extend(VcpuStats::open(&fd).map(|st| (index, st)));
         vcpus.push(Vcpu::new(
             index,
             fd,

@@ -18,7 +18,8 @@ pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
 pub struct Vmm {
     pub(crate) event_manager: EventManager<Subscriber>,
     pub(crate) vcpus: Vec<Vcpu>,
-    pub(crate) vcpu_stats: Vec<VcpuStats>,
+    /// KVM's counters of each vCPU that has them, by vCPU index.
+    pub(crate) vcpu_stats: Vec<(u8, VcpuStats)>,
     pub(crate) exit: Arc<ExitSignal>,
     /// Kept alive for the VM's lifetime: KVM's memory slots point into it.
     pub(crate) _memory: crate::memory::GuestMemory,
@@ -62,7 +63,7 @@ impl Vmm {
         if !log::log_enabled!(log::Level::Info) {
             return;
         }
-        for (index, stats) in self.vcpu_stats.iter().enumerate() {
+        for (index, stats) in &self.vcpu_stats {
             let counts: Vec<String> = stats
                 .read()
                 .into_iter()

@@ -178,17 +178,16 @@ pub fn run_config(scratch: &Scratch, config: &serde_json::Value) -> Run {
 /// The same with another deadline (Linux guests on kvm_pvm hosts take tens of seconds).
 pub fn run_config_within(scratch: &Scratch, config: &serde_json::Value, deadline: Duration) -> Run {
     let path = scratch.file("vm.json", config.to_string().as_bytes());
-    let started = Instant::now();
-    finish(
-        spawn(&["--no-api", "--config-file", &path]),
-        started,
-        deadline,
-    )
+    run_args_within(&["--no-api", "--config-file", &path], deadline)
 }
 
 pub fn run_args(args: &[&str]) -> Run {
+    run_args_within(args, Duration::from_secs(60))
+}
+
+fn run_args_within(args: &[&str], deadline: Duration) -> Run {
     let started = Instant::now();
-    finish(spawn(args), started, Duration::from_secs(60))
+    finish(spawn(args), started, deadline)
 }
 
 /// The 32-bit FNV-1a hash the test guest prints.

@@ -13,10 +13,13 @@ pub enum AtomicError {
     NotRam(u64),
     #[error("the host CPU has no CMPXCHG16B")]
     NoHostCmpxchg16b,
+    #[error("a 16-byte compare-exchange at {0:#x} must be 16-byte aligned")]
+    Misaligned(u64),
 }
 
 /// If the `width` (8 or 16) bytes at `gpa` equal `expected`, stores `new` there. Returns
-/// whether it stored, and the value that was there.
+/// whether it stored, and the value that was there. A misaligned 16-byte operand is refused
+/// here too: the host's CMPXCHG16B would fault in ember itself.
 pub fn compare_exchange(
     mem: &GuestMemory,
     gpa: u64,
@@ -32,6 +35,9 @@ pub fn compare_exchange(
     let guard = slice.ptr_guard_mut();
     let ptr = guard.as_ptr();
     if width == 16 {
+        if !gpa.is_multiple_of(16) {
+            return Err(AtomicError::Misaligned(gpa));
+        }
         if !std::arch::is_x86_feature_detected!("cmpxchg16b") {
             return Err(AtomicError::NoHostCmpxchg16b);
         }
@@ -66,9 +72,10 @@ fn cmpxchg8(ptr: *mut u8, expected: u64, new: u64) -> (bool, u64) {
 fn cmpxchg16b(ptr: *mut u8, expected: u128, new: u128) -> (bool, u128) {
     let (mut lo, mut hi) = (expected as u64, (expected >> 64) as u64);
     let zf: u8;
-    // SAFETY: as in `cmpxchg8`, `ptr` points at 16 bytes of mapped guest RAM; the caller
-    // checked that the host has CMPXCHG16B, and the emulation checked 16-byte alignment
-    // (the guest gets #GP otherwise). RBX is reserved by the compiler, so the low half of
+    // SAFETY: as in `cmpxchg8`, `ptr` points at 16 bytes of mapped guest RAM;
+    // `compare_exchange` checked that the host has CMPXCHG16B and that the guest-physical
+    // address is 16-byte aligned (guest regions are page-aligned in the host, so the host
+    // pointer is too). RBX is reserved by the compiler, so the low half of
     // the new value is swapped into it and back around the instruction.
     unsafe {
         asm!(
@@ -135,6 +142,10 @@ mod tests {
         assert_eq!(
             compare_exchange(&m, 0x9000, 8, 0, 0),
             Err(AtomicError::NotRam(0x9000))
+        );
+        assert_eq!(
+            compare_exchange(&m, 0x108, 16, 0, 0),
+            Err(AtomicError::Misaligned(0x108))
         );
     }
 }

@@ -64,7 +64,7 @@ pub enum Kind {
 const KINDS: [Kind; 4] = [Kind::Int3, Kind::Fwait, Kind::CmpXchg8b, Kind::CmpXchg16b];
 
 /// How many instructions of each kind Ember emulated in this process (one VM per process).
-static EMULATED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+static EMULATED: [AtomicU64; KINDS.len()] = [const { AtomicU64::new(0) }; KINDS.len()];
 
 impl Kind {
     fn count(self) {
@@ -109,17 +109,21 @@ pub struct CpuState {
     pub paging: Paging,
 }
 
-/// Reads up to 15 bytes at `gva`, stopping at the first byte that is not mapped.
+/// Reads up to 15 bytes at `gva`, stopping where the guest's mapping or its RAM ends: one
+/// page walk for each page the bytes lie in (at most two).
 pub fn read_insn_bytes(mem: &GuestMemory, paging: &Paging, gva: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(MAX_INSN_LEN);
-    for i in 0..MAX_INSN_LEN as u64 {
-        let Ok(gpa) = paging.translate(mem, gva.wrapping_add(i), false) else {
+    while out.len() < MAX_INSN_LEN {
+        let at = gva.wrapping_add(out.len() as u64);
+        let Ok(gpa) = paging.translate(mem, at, false) else {
             break;
         };
-        let Ok(b) = mem.read_obj::<u8>(GuestAddress(gpa)) else {
+        let to_page_end = 0x1000 - (at & 0xfff) as usize;
+        let mut chunk = vec![0u8; to_page_end.min(MAX_INSN_LEN - out.len())];
+        if mem.read_slice(&mut chunk, GuestAddress(gpa)).is_err() {
             break;
-        };
-        out.push(b);
+        }
+        out.extend_from_slice(&chunk);
     }
     out
 }
