@@ -178,6 +178,8 @@ fn parse_head(head: &str) -> Result<Head, ParseError> {
 pub struct Response {
     pub status: u16,
     pub body: Option<String>,
+    /// Headers besides Server, Content-Type and Content-Length (Allow, Connection).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Response {
@@ -185,6 +187,7 @@ impl Response {
         Response {
             status: 204,
             body: None,
+            headers: Vec::new(),
         }
     }
 
@@ -192,7 +195,21 @@ impl Response {
         Response {
             status,
             body: Some(body),
+            headers: Vec::new(),
         }
+    }
+
+    /// An error in Firecracker's format: `{"fault_message": "..."}`.
+    pub fn fault(status: u16, message: &str) -> Self {
+        Response::json(
+            status,
+            serde_json::json!({ "fault_message": message }).to_string(),
+        )
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: String) -> Self {
+        self.headers.push((name, value));
+        self
     }
 
     /// The bytes to write to the socket.
@@ -202,6 +219,9 @@ impl Response {
             self.status,
             reason(self.status)
         );
+        for (name, value) in &self.headers {
+            out += &format!("{name}: {value}\r\n");
+        }
         match &self.body {
             Some(body) => {
                 out += &format!(
@@ -223,6 +243,7 @@ fn reason(status: u16) -> &'static str {
         404 => "Not Found",
         405 => "Method Not Allowed",
         413 => "Payload Too Large",
+        503 => "Service Unavailable",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         501 => "Not Implemented",

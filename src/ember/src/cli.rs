@@ -10,6 +10,8 @@ Options:
   --id <ID>             MicroVM identifier [default: anonymous-instance]
   --config-file <PATH>  Start the microVM from this JSON configuration
   --no-api              Do not start the API server (needs --config-file)
+  --http-api-max-payload-size <BYTES>
+                        Largest API request body accepted [default: 51200]
   --boot-timer          Log the guest boot time when the guest writes 123 to the boot timer
   --level <LEVEL>       Log level: Off, Error, Warning, Info, Debug, Trace [default: Warning]
   --log-path <PATH>     Write the log to this file instead of stderr
@@ -22,6 +24,7 @@ SIGTERM: 143), 1 on any error.
 
 pub const DEFAULT_API_SOCK: &str = "/run/firecracker.socket";
 pub const DEFAULT_ID: &str = "anonymous-instance";
+pub use api::http::DEFAULT_MAX_PAYLOAD;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Args {
@@ -29,6 +32,7 @@ pub struct Args {
     pub id: String,
     pub config_file: Option<String>,
     pub no_api: bool,
+    pub max_payload: usize,
     pub boot_timer: bool,
     pub level: log::LevelFilter,
     pub log_path: Option<String>,
@@ -55,7 +59,14 @@ pub enum Error {
     Level(String),
     #[error("the microVM id {0:?} must be 1 to 64 characters, letters, digits, '-' and '_' only")]
     Id(String),
+    #[error(
+        "--http-api-max-payload-size must be a number of bytes from 1 to {max}, not {value:?}"
+    )]
+    MaxPayload { value: String, max: usize },
 }
+
+/// A request body larger than this would not be a configuration.
+const MAX_PAYLOAD_LIMIT: usize = 64 << 20;
 
 fn parse_level(value: &str) -> Result<log::LevelFilter, Error> {
     Ok(match value.to_ascii_lowercase().as_str() {
@@ -77,6 +88,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         id: DEFAULT_ID.into(),
         config_file: None,
         no_api: false,
+        max_payload: DEFAULT_MAX_PAYLOAD,
         boot_timer: false,
         level: log::LevelFilter::Warn,
         log_path: None,
@@ -93,7 +105,12 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         seen.push(name.clone());
         let takes_value = matches!(
             name.as_str(),
-            "--api-sock" | "--id" | "--config-file" | "--level" | "--log-path"
+            "--api-sock"
+                | "--id"
+                | "--config-file"
+                | "--level"
+                | "--log-path"
+                | "--http-api-max-payload-size"
         );
         let value = if takes_value {
             match inline {
@@ -124,6 +141,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
             }
             "--config-file" => out.config_file = Some(value),
             "--no-api" => out.no_api = true,
+            "--http-api-max-payload-size" => {
+                out.max_payload = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAYLOAD_LIMIT).contains(n))
+                    .ok_or(Error::MaxPayload {
+                        value,
+                        max: MAX_PAYLOAD_LIMIT,
+                    })?;
+            }
             "--boot-timer" => out.boot_timer = true,
             "--level" => out.level = parse_level(&value)?,
             "--log-path" => out.log_path = Some(value),
@@ -150,6 +177,7 @@ mod tests {
         assert_eq!(a.id, "anonymous-instance");
         assert!(!a.no_api && !a.boot_timer);
         assert_eq!(a.level, log::LevelFilter::Warn);
+        assert_eq!(a.max_payload, 51_200);
     }
 
     #[test]
@@ -189,5 +217,11 @@ mod tests {
             Err(Error::Duplicate("--no-api".into()))
         );
         assert_eq!(args(&["--help", "--bogus"]), Ok(Command::Help));
+        for bad in ["0", "-1", "lots", "99999999999999999999"] {
+            assert!(matches!(
+                args(&["--http-api-max-payload-size", bad]),
+                Err(Error::MaxPayload { .. })
+            ));
+        }
     }
 }

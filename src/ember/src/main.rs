@@ -1,5 +1,6 @@
-//! ember: parse Firecracker's flags, load the configuration, build the microVM and run it
-//! until it stops; then exit with a status that says why.
+//! ember: parse Firecracker's flags, open the API socket before anything slow, load the
+//! configuration, and run the VMM thread (this one) until the microVM stops; then exit with a
+//! status that says why.
 
 mod cli;
 mod logger;
@@ -8,10 +9,13 @@ mod terminal;
 
 use std::fs::File;
 use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use vmm::config::ConfigError;
 use vmm::resources::VmResources;
-use vmm::{BuildError, Console, VmExit};
+use vmm::rpc::ActionError;
+use vmm::{Console, Controller, ExitSignal, VmExit};
 
 #[derive(Debug, thiserror::Error)]
 enum StartError {
@@ -19,10 +23,12 @@ enum StartError {
     Cli(#[from] cli::Error),
     #[error("cannot open the log file: {0}")]
     Log(#[source] std::io::Error),
-    #[error("the REST API is not available yet; start ember with --no-api --config-file PATH")]
-    ApiUnavailable,
     #[error("--no-api needs --config-file PATH")]
     NoConfigFile,
+    #[error("{0}")]
+    Api(#[from] api::server::Error),
+    #[error("cannot start the API thread: {0}")]
+    ApiThread(#[source] std::io::Error),
     #[error("cannot read the configuration file {path}: {source}")]
     ReadConfig {
         path: String,
@@ -31,9 +37,53 @@ enum StartError {
     #[error("{0}")]
     Config(#[from] ConfigError),
     #[error("cannot start the microVM: {0}")]
-    Build(#[from] BuildError),
+    Start(String),
+    #[error("cannot set up the VMM thread: {0}")]
+    Controller(#[from] vmm::controller::Error),
     #[error("cannot install the signal handlers: {0}")]
     Signals(#[source] std::io::Error),
+    #[error("cannot copy the standard streams: {0}")]
+    Stdio(#[source] std::io::Error),
+}
+
+/// The API socket's file, removed when ember exits normally.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Binds the socket and starts the API thread; returns the VMM thread's end of the channel.
+fn start_api(args: &cli::Args) -> Result<(SocketFile, vmm::rpc::VmmSide), StartError> {
+    let path = PathBuf::from(&args.api_sock);
+    let listener = api::bind(&path)?;
+    let socket = SocketFile(path);
+    let (api_side, vmm_side) = vmm::rpc::channel().map_err(StartError::ApiThread)?;
+    let server = api::ApiServer::new(listener, api_side, args.max_payload)?;
+    std::thread::Builder::new()
+        .name("ember_api".into())
+        .spawn(move || server.run())
+        .map_err(StartError::ApiThread)?;
+    Ok((socket, vmm_side))
+}
+
+fn console() -> Result<Console, StartError> {
+    let output = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(StartError::Stdio)?;
+    // A closed stdin simply gives the guest no input.
+    let input = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .map(File::from);
+    Ok(Console {
+        output: File::from(output),
+        input,
+    })
 }
 
 fn run() -> Result<i32, StartError> {
@@ -50,32 +100,42 @@ fn run() -> Result<i32, StartError> {
         cli::Command::Run(args) => args,
     };
     logger::init(&args.id, args.level, args.log_path.as_deref()).map_err(StartError::Log)?;
-    if !args.no_api {
-        return Err(StartError::ApiUnavailable);
+    if args.no_api && args.config_file.is_none() {
+        return Err(StartError::NoConfigFile);
     }
-    let path = args.config_file.ok_or(StartError::NoConfigFile)?;
-    let text = std::fs::read_to_string(&path).map_err(|source| StartError::ReadConfig {
-        path: path.clone(),
-        source,
-    })?;
-    let mut resources = VmResources::from_json(&text)?;
+    // The socket answers from here on; everything slow comes after.
+    let (_socket, api) = match args.no_api {
+        true => (None, None),
+        false => {
+            let (socket, api) = start_api(&args)?;
+            (Some(socket), Some(api))
+        }
+    };
+    let exit = Arc::new(ExitSignal::new().map_err(StartError::Signals)?);
+    signals::install(exit.clone()).map_err(StartError::Signals)?;
+
+    let mut resources = match &args.config_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| StartError::ReadConfig {
+                path: path.clone(),
+                source,
+            })?;
+            VmResources::from_json(&text)?
+        }
+        None => VmResources::default(),
+    };
     resources.boot_timer = args.boot_timer.then_some(started);
 
-    // A closed stdin simply gives the guest no input.
-    let input = std::io::stdin()
-        .as_fd()
-        .try_clone_to_owned()
-        .ok()
-        .map(File::from);
-    let console = Console {
-        output: Box::new(std::io::stdout()),
-        input,
-    };
-    let vmm = vmm::build(&resources, console)?;
-    signals::install(vmm.exit_signal()).map_err(StartError::Signals)?;
+    let mut controller = Controller::new(args.id.clone(), resources, console()?, exit, api)?;
+    if args.config_file.is_some() {
+        controller.start().map_err(|e| match e {
+            ActionError::Start(msg) => StartError::Start(msg),
+            other => StartError::Start(other.to_string()),
+        })?;
+    }
 
     let raw = terminal::RawMode::enter();
-    let reason = vmm.run();
+    let reason = controller.run();
     drop(raw);
     match &reason {
         VmExit::VcpuError(msg) | VmExit::VmmError(msg) => {
@@ -95,6 +155,6 @@ fn main() {
             1
         }
     };
-    // Ends the vCPU threads too, which may still be inside KVM_RUN.
+    // Ends the vCPU and API threads too; the vCPUs may still be inside KVM_RUN.
     std::process::exit(status);
 }

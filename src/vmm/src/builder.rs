@@ -1,8 +1,8 @@
 //! The build recipe, in order: `VmResources` → guest memory → KVM VM → kernel and initrd →
-//! devices (and their command-line entries) → boot information → configured vCPUs.
+//! devices (and their command-line entries) → boot information → configured vCPUs. The
+//! result is a [`MicroVm`] whose vCPUs have not run yet.
 
 use std::fs::File;
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use arch::boot_params::{self, InitrdPlacement};
@@ -14,13 +14,13 @@ use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
 use devices::Bus;
-use event_manager::{EventManager, SubscriberOps};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{self, BootSourceConfig, DriveConfig};
-use crate::event_loop::{ExitWatcher, Subscriber, Vmm};
+use crate::event_loop::{ResetWatcher, Subscriber};
 use crate::memory::{self, GuestMemory};
+use crate::microvm::MicroVm;
 use crate::resources::VmResources;
 use crate::vcpu::stats::VcpuStats;
 use crate::vcpu::{self, BootEntry, Vcpu};
@@ -74,33 +74,34 @@ pub enum BuildError {
     MemoryThread,
     #[error("there are more MMIO devices than interrupt lines 5 to 23 can serve")]
     TooManyDevices,
+    #[error("cannot copy the console's file descriptors: {0}")]
+    Console(#[source] std::io::Error),
 }
 
-/// Where the guest's serial console goes and comes from.
+/// Where the guest's serial console goes and comes from. Each build takes copies of the
+/// descriptors, so that a failed `InstanceStart` can be retried.
+#[derive(Debug)]
 pub struct Console {
-    pub output: Box<dyn Write + Send>,
+    pub output: File,
     pub input: Option<File>,
-}
-
-impl std::fmt::Debug for Console {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Console")
-            .field("input", &self.input)
-            .finish()
-    }
 }
 
 fn eventfd() -> Result<EventFd, BuildError> {
     EventFd::new(libc::EFD_NONBLOCK).map_err(BuildError::EventFd)
 }
 
-/// Builds a VM from `resources`, ready for [`Vmm::run`].
-pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildError> {
+/// Builds a VM from `resources`, ready for [`MicroVm::start`]. Its vCPUs and devices report
+/// to `exit` when the VM must stop.
+pub fn build(
+    resources: &VmResources,
+    console: &Console,
+    exit: &Arc<ExitSignal>,
+) -> Result<MicroVm, BuildError> {
     let boot = resources
         .boot_source
         .as_ref()
         .ok_or(BuildError::NoBootSource)?;
-    let machine = resources.machine_config;
+    let machine = &resources.machine_config;
     let mem_bytes = machine.mem_bytes().map_err(|_| memory::Error::Map {
         mib: machine.mem_size_mib as u64,
         reason: "it overflows a 64-bit address".into(),
@@ -112,27 +113,28 @@ pub fn build(resources: &VmResources, console: Console) -> Result<Vmm, BuildErro
     // nothing before the first KVM_RUN needs it: run it while the rest is assembled.
     let (slots, parts) = std::thread::scope(|scope| {
         let slots = scope.spawn(|| vm.register_memory(&mem));
-        let parts = assemble(&vm, &mem, mem_bytes, boot, resources, console);
+        let parts = assemble(&vm, &mem, mem_bytes, boot, resources, console, exit);
         (slots.join(), parts)
     });
     slots.map_err(|_| BuildError::MemoryThread)??;
-    let (event_manager, vcpus, vcpu_stats, exit) = parts?;
-    Ok(Vmm {
-        event_manager,
-        vcpus,
-        vcpu_stats,
-        exit,
-        _memory: mem,
-        _vm: vm,
-    })
+    let parts = parts?;
+    Ok(MicroVm::new(
+        parts.vcpus,
+        parts.stats,
+        parts.subscribers,
+        parts.i8042,
+        mem,
+        vm,
+    ))
 }
 
-type Parts = (
-    EventManager<Subscriber>,
-    Vec<Vcpu>,
-    Vec<(u8, VcpuStats)>,
-    Arc<ExitSignal>,
-);
+/// What [`assemble`] makes.
+struct Parts {
+    vcpus: Vec<Vcpu>,
+    stats: Vec<(u8, VcpuStats)>,
+    subscribers: Vec<Subscriber>,
+    i8042: Arc<Mutex<I8042>>,
+}
 
 /// Everything but the memory slots: kernel, initrd, devices, boot tables, vCPUs.
 fn assemble(
@@ -141,9 +143,10 @@ fn assemble(
     mem_bytes: u64,
     boot: &BootSourceConfig,
     resources: &VmResources,
-    console: Console,
+    console: &Console,
+    exit: &Arc<ExitSignal>,
 ) -> Result<Parts, BuildError> {
-    let machine = resources.machine_config;
+    let machine = &resources.machine_config;
     let kernel = load_kernel(mem, &boot.kernel_image_path)?;
     let low_ram_end = mem_bytes.min(layout::MMIO_GAP_START);
     let initrd = match &boot.initrd_path {
@@ -162,9 +165,7 @@ fn assemble(
         None => None,
     };
 
-    let mut event_manager = EventManager::<Subscriber>::new()
-        .map_err(|e| BuildError::EventFd(std::io::Error::other(e.to_string())))?;
-    let exit = Arc::new(ExitSignal::new().map_err(BuildError::EventFd)?);
+    let mut subscribers: Vec<Subscriber> = Vec::new();
     let mut pio = Bus::new();
     let mut mmio = Bus::new();
     let caps = vm.host_caps()?;
@@ -174,7 +175,7 @@ fn assemble(
         cmdline.push_str(crate::pvm::BOOT_ARGS);
     }
 
-    attach_legacy(vm, &mut pio, &mut event_manager, console, &exit)?;
+    let i8042 = attach_legacy(vm, &mut pio, &mut subscribers, console, exit)?;
     // Like Firecracker, the boot timer takes the first MMIO window and the drives follow it.
     let mut window = 0;
     if let Some(start) = resources.boot_timer {
@@ -187,7 +188,7 @@ fn assemble(
             vm,
             mem,
             &mut mmio,
-            &mut event_manager,
+            &mut subscribers,
             drive,
             window + index as u32,
             FIRST_VIRTIO_IRQ + index as u32,
@@ -236,7 +237,12 @@ fn assemble(
         ));
     }
 
-    Ok((event_manager, vcpus, stats, exit))
+    Ok(Parts {
+        vcpus,
+        stats,
+        subscribers,
+        i8042,
+    })
 }
 
 fn load_kernel(mem: &GuestMemory, path: &str) -> Result<KernelEntry, BuildError> {
@@ -247,33 +253,38 @@ fn load_kernel(mem: &GuestMemory, path: &str) -> Result<KernelEntry, BuildError>
     Ok(arch::loader::load_kernel(mem, &mut file)?)
 }
 
-/// COM1 on IRQ 4 and the i8042 on IRQ 1; the i8042's reset line and the exit signal are
-/// watched by the event loop.
+/// COM1 on IRQ 4 and the i8042 on IRQ 1; the i8042's reset line is watched by the event
+/// loop. Returns the i8042, which also takes keys from the API (`SendCtrlAltDel`).
 fn attach_legacy(
     vm: &Vm,
     pio: &mut Bus,
-    em: &mut EventManager<Subscriber>,
-    console: Console,
+    subscribers: &mut Vec<Subscriber>,
+    console: &Console,
     exit: &Arc<ExitSignal>,
-) -> Result<(), BuildError> {
+) -> Result<Arc<Mutex<I8042>>, BuildError> {
     let serial_irq = eventfd()?;
     vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
-    let serial =
-        Serial::new(serial_irq, console.output, console.input).map_err(BuildError::EventFd)?;
+    let output = console.output.try_clone().map_err(BuildError::Console)?;
+    let input = match &console.input {
+        Some(f) => Some(f.try_clone().map_err(BuildError::Console)?),
+        None => None,
+    };
+    let serial = Serial::new(serial_irq, Box::new(output), input).map_err(BuildError::EventFd)?;
     let serial = Arc::new(Mutex::new(serial));
     pio.insert(COM1_BASE, COM1_LEN, serial.clone())?;
-    em.add_subscriber(serial);
+    subscribers.push(serial);
 
     let reset = eventfd()?;
     let kbd_irq = eventfd()?;
     vm.register_irqfd(&kbd_irq, I8042_IRQ)?;
     let i8042 = I8042::new(reset.try_clone().map_err(BuildError::EventFd)?, kbd_irq);
-    pio.insert(I8042_BASE, i8042::PORT_RANGE, Arc::new(Mutex::new(i8042)))?;
-    em.add_subscriber(Arc::new(Mutex::new(ExitWatcher {
+    let i8042 = Arc::new(Mutex::new(i8042));
+    pio.insert(I8042_BASE, i8042::PORT_RANGE, i8042.clone())?;
+    subscribers.push(Arc::new(Mutex::new(ResetWatcher {
         reset,
         exit: exit.clone(),
     })));
-    Ok(())
+    Ok(i8042)
 }
 
 /// One virtio-mmio block device in MMIO window `window` on line `irq`; returns both.
@@ -281,7 +292,7 @@ fn attach_drive(
     vm: &Vm,
     mem: &GuestMemory,
     mmio: &mut Bus,
-    em: &mut EventManager<Subscriber>,
+    subscribers: &mut Vec<Subscriber>,
     drive: &DriveConfig,
     window: u32,
     irq: u32,
@@ -319,7 +330,7 @@ fn attach_drive(
         layout::VIRTIO_MMIO_SIZE,
         Arc::new(Mutex::new(transport)),
     )?;
-    em.add_subscriber(block);
+    subscribers.push(block);
     Ok((addr, irq))
 }
 

@@ -1,19 +1,26 @@
-//! The Ember VMM core. A request becomes a running vCPU in three steps:
+//! The Ember VMM core. A request becomes a running vCPU in four steps:
 //!
-//! 1. [`resources::VmResources`] gathers and validates the configuration ([`config`]),
-//!    from `--config-file` today and from the API next.
-//! 2. [`builder::build`] turns it into a [`Vmm`]: guest memory ([`memory`]), the KVM VM
-//!    ([`vm`]), the kernel and boot information (crate `arch`), the devices (crate
-//!    `devices`) and configured vCPUs ([`vcpu`]).
-//! 3. [`Vmm::run`] starts a thread per vCPU and runs the event loop ([`event_loop`]) on the
-//!    calling thread until the guest resets, powers off, fails, or ember gets a signal.
+//! 1. The API thread (crate `api`) parses a request into a [`rpc::VmmAction`] and hands it
+//!    to the VMM thread, where the [`controller::Controller`] applies Firecracker's
+//!    pre-boot and post-boot rules.
+//! 2. [`resources::VmResources`] gathers and validates the configuration ([`config`]), one
+//!    request at a time or from `--config-file` in one go, with the same checks.
+//! 3. On `InstanceStart`, [`builder::build`] turns it into a [`microvm::MicroVm`]: guest
+//!    memory ([`memory`]), the KVM VM ([`vm`]), the kernel and boot information (crate
+//!    `arch`), the devices (crate `devices`) and configured vCPUs ([`vcpu`]).
+//! 4. [`microvm::MicroVm::start`] starts a thread per vCPU; [`controller::Controller::run`]
+//!    runs the event loop ([`event_loop`]) on the VMM thread until the guest resets, powers
+//!    off, fails, or ember gets a signal.
 
 pub mod builder;
 pub mod config;
+pub mod controller;
 pub mod event_loop;
 pub mod memory;
+pub mod microvm;
 pub mod pvm;
 pub mod resources;
+pub mod rpc;
 pub mod vcpu;
 pub mod vm;
 
@@ -23,7 +30,7 @@ use std::sync::Mutex;
 use vmm_sys_util::eventfd::EventFd;
 
 pub use builder::{build, BuildError, Console};
-pub use event_loop::Vmm;
+pub use controller::Controller;
 
 /// Why the VM stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,5 @@
 //! `VmResources`: everything the guest will be given, gathered before boot. The config file
-//! lands here in one go ([`VmResources::from_json`]); the API will land here one request at a
+//! lands here in one go ([`VmResources::from_json`]); the API lands here one request at a
 //! time through the same `set_*` methods, so both see the same checks.
 
 use crate::config::{
@@ -24,8 +24,9 @@ impl VmResources {
     /// Parses and validates a `--config-file`.
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
         let config: VmConfig = parse_json(text)?;
+        config.check_later()?;
         let mut resources = VmResources::default();
-        resources.set_boot_source(config.boot_source)?;
+        resources.set_boot_source(config.boot_source.ok_or(ConfigError::NoBootSource)?)?;
         if let Some(machine) = config.machine_config {
             resources.set_machine_config(machine)?;
         }
@@ -90,5 +91,14 @@ impl VmResources {
 
     pub fn drives(&self) -> &[DriveConfig] {
         &self.drives
+    }
+
+    /// Everything configured, in the config-file format (`GET /vm/config`).
+    pub fn to_config(&self) -> VmConfig {
+        VmConfig::new(
+            self.boot_source.clone(),
+            self.drives.clone(),
+            self.machine_config.clone(),
+        )
     }
 }

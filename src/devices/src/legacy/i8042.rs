@@ -1,5 +1,6 @@
 //! A minimal i8042 keyboard controller: enough for Linux's probe (self-test, the command byte,
-//! keyboard ACKs) and the reset command 0xFE, which ends the VM. No keys are ever pressed.
+//! keyboard ACKs), the reset command 0xFE, which ends the VM, and one key combination the API
+//! can press: Ctrl+Alt+Del (Firecracker's `SendCtrlAltDel`).
 
 use std::collections::VecDeque;
 
@@ -20,6 +21,18 @@ const STATUS_UNLOCKED: u8 = 0x10;
 
 const CTR_KBD_INT: u8 = 0x01;
 const CTR_KBD_DISABLED: u8 = 0x10;
+/// The controller translates the keyboard's scan code set 2 into set 1.
+const CTR_TRANSLATE: u8 = 0x40;
+
+/// Ctrl, Alt and Del pressed, then released in reverse order: scan code set 1 (what a guest
+/// reads when the controller translates) and set 2.
+const CTRL_ALT_DEL_SET1: &[u8] = &[0x1d, 0x38, 0xe0, 0x53, 0xe0, 0xd3, 0xb8, 0x9d];
+const CTRL_ALT_DEL_SET2: &[u8] = &[
+    0x14, 0x11, 0xe0, 0x71, 0xe0, 0xf0, 0x71, 0xf0, 0x11, 0xf0, 0x14,
+];
+/// Room for a few replies and one whole key sequence; a guest that never reads cannot make
+/// the queue grow past it.
+const OUTPUT_LIMIT: usize = 16;
 
 const CMD_READ_CTR: u8 = 0x20;
 const CMD_WRITE_CTR: u8 = 0x60;
@@ -58,7 +71,7 @@ impl I8042 {
         I8042 {
             reset,
             irq,
-            ctr: CTR_KBD_INT | 0x44,
+            ctr: CTR_KBD_INT | CTR_TRANSLATE | 0x04,
             status: STATUS_SYSTEM | STATUS_UNLOCKED,
             awaiting: None,
             output: VecDeque::new(),
@@ -66,13 +79,32 @@ impl I8042 {
     }
 
     fn push(&mut self, byte: u8) {
-        // A guest that never reads cannot grow the queue without bound.
-        if self.output.len() < 16 {
+        if self.output.len() < OUTPUT_LIMIT {
             self.output.push_back(byte);
         }
+        self.interrupt();
+    }
+
+    fn interrupt(&self) {
         if self.ctr & CTR_KBD_INT != 0 {
             let _ = self.irq.write(1);
         }
+    }
+
+    /// Queues the key sequence Ctrl+Alt+Del, whole or not at all; the guest reads it one
+    /// byte per interrupt.
+    pub fn press_ctrl_alt_del(&mut self) {
+        let keys = if self.ctr & CTR_TRANSLATE != 0 {
+            CTRL_ALT_DEL_SET1
+        } else {
+            CTRL_ALT_DEL_SET2
+        };
+        if self.output.len() + keys.len() > OUTPUT_LIMIT {
+            log::warn!("i8042: the guest has not read its keyboard queue; Ctrl+Alt+Del dropped");
+            return;
+        }
+        self.output.extend(keys);
+        self.interrupt();
     }
 
     fn command(&mut self, cmd: u8) {
@@ -132,7 +164,14 @@ impl I8042 {
 impl BusDevice for I8042 {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         let value = match offset {
-            DATA_OFFSET => self.output.pop_front().unwrap_or(0),
+            DATA_OFFSET => {
+                let byte = self.output.pop_front().unwrap_or(0);
+                // Linux reads one byte per interrupt: raise another for the next one.
+                if !self.output.is_empty() {
+                    self.interrupt();
+                }
+                byte
+            }
             COMMAND_OFFSET => self.status(),
             _ => 0xff,
         };
@@ -194,9 +233,35 @@ mod tests {
     fn keyboard_reset_is_acknowledged() {
         let mut dev = device();
         dev.write(DATA_OFFSET, &[KBD_RESET]);
-        assert_eq!(read(&mut dev, DATA_OFFSET), KBD_ACK);
-        assert_eq!(read(&mut dev, DATA_OFFSET), KBD_BAT_OK);
         assert_eq!(dev.irq.read().unwrap(), 2);
+        assert_eq!(read(&mut dev, DATA_OFFSET), KBD_ACK);
+        assert_eq!(
+            dev.irq.read().unwrap(),
+            1,
+            "one more byte waits: another interrupt"
+        );
+        assert_eq!(read(&mut dev, DATA_OFFSET), KBD_BAT_OK);
+        assert!(dev.irq.read().is_err(), "queue empty: no interrupt");
+    }
+
+    #[test]
+    fn ctrl_alt_del_in_the_scan_code_set_the_guest_reads() {
+        let mut dev = device();
+        dev.press_ctrl_alt_del();
+        let got: Vec<u8> = (0..CTRL_ALT_DEL_SET1.len())
+            .map(|_| read(&mut dev, DATA_OFFSET))
+            .collect();
+        assert_eq!(got, CTRL_ALT_DEL_SET1);
+        dev.write(COMMAND_OFFSET, &[CMD_WRITE_CTR]);
+        dev.write(DATA_OFFSET, &[CTR_KBD_INT]);
+        dev.press_ctrl_alt_del();
+        assert_eq!(
+            dev.output.iter().copied().collect::<Vec<_>>(),
+            CTRL_ALT_DEL_SET2
+        );
+        // A guest that never reads: the second press does not fit and is dropped whole.
+        dev.press_ctrl_alt_del();
+        assert_eq!(dev.output.len(), CTRL_ALT_DEL_SET2.len());
     }
 
     #[test]
@@ -205,6 +270,6 @@ mod tests {
         for _ in 0..10_000 {
             dev.write(COMMAND_OFFSET, &[CMD_SELF_TEST]);
         }
-        assert_eq!(dev.output.len(), 16);
+        assert_eq!(dev.output.len(), OUTPUT_LIMIT);
     }
 }

@@ -1,14 +1,23 @@
-//! `drives`: virtio-blk disks backed by raw image files.
+//! `drives`: virtio-blk disks backed by raw image files. PUT adds or replaces one before boot
+//! ([`DriveConfig`]); PATCH names one to change after boot ([`PartialDrive`]).
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_readable, ConfigError};
+use super::{check_readable, ConfigError, Later};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 pub enum CacheType {
     #[default]
     Unsafe,
     Writeback,
+}
+
+/// Firecracker's `io_engine`. Ember does synchronous I/O on the VMM thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub enum IoEngine {
+    #[default]
+    Sync,
+    Async,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -23,6 +32,14 @@ pub struct DriveConfig {
     pub partuuid: Option<String>,
     #[serde(default)]
     pub cache_type: CacheType,
+    #[serde(default)]
+    pub io_engine: IoEngine,
+    /// Accepted so that Firecracker's bodies parse; a limiter comes with rate limiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limiter: Option<serde_json::Value>,
+    /// vhost-user-block: not part of Ember.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
 }
 
 /// Firecracker's rule for resource IDs.
@@ -35,6 +52,30 @@ impl DriveConfig {
         if !valid_id(&self.drive_id) {
             return Err(ConfigError::DriveId(self.drive_id.clone()));
         }
+        if self.rate_limiter.as_ref().is_some_and(|r| !r.is_null()) {
+            return Err(ConfigError::NotYet(Later::RateLimiters));
+        }
+        if self.io_engine == IoEngine::Async {
+            return Err(ConfigError::Unsupported(
+                "io_engine Async (Ember does Sync I/O)",
+            ));
+        }
+        if self.socket.is_some() {
+            return Err(ConfigError::Unsupported(
+                "vhost-user block devices (socket)",
+            ));
+        }
         check_readable("the disk image", &self.path_on_host)
     }
+}
+
+/// `PATCH /drives/{drive_id}`: a new backing file or rate limiter for a booted guest.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialDrive {
+    pub drive_id: String,
+    #[serde(default)]
+    pub path_on_host: Option<String>,
+    #[serde(default)]
+    pub rate_limiter: Option<serde_json::Value>,
 }

@@ -1,4 +1,5 @@
-//! `machine-config`: vCPUs and memory.
+//! `machine-config`: vCPUs and memory. PUT replaces it ([`MachineConfig`]), PATCH changes the
+//! fields it names ([`MachineConfigUpdate`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -7,7 +8,16 @@ use super::ConfigError;
 /// Firecracker's limit, and the most the MP table describes.
 pub const MAX_VCPUS: u8 = 32;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+/// Firecracker's `huge_pages`. Ember backs guest memory with ordinary pages only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub enum HugePages {
+    #[default]
+    None,
+    #[serde(rename = "2M")]
+    Hugetlbfs2M,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MachineConfig {
     pub vcpu_count: u8,
@@ -16,6 +26,11 @@ pub struct MachineConfig {
     pub smt: bool,
     #[serde(default)]
     pub track_dirty_pages: bool,
+    #[serde(default)]
+    pub huge_pages: HugePages,
+    /// Only "None" (or absent): Ember has no CPU templates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_template: Option<String>,
 }
 
 impl Default for MachineConfig {
@@ -26,6 +41,8 @@ impl Default for MachineConfig {
             mem_size_mib: 128,
             smt: false,
             track_dirty_pages: false,
+            huge_pages: HugePages::None,
+            cpu_template: None,
         }
     }
 }
@@ -41,6 +58,14 @@ impl MachineConfig {
         if self.mem_size_mib == 0 {
             return Err(ConfigError::MemoryZero);
         }
+        if self.huge_pages != HugePages::None {
+            return Err(ConfigError::Unsupported(
+                "huge_pages 2M (hugetlbfs-backed memory)",
+            ));
+        }
+        if self.cpu_template.as_deref().is_some_and(|t| t != "None") {
+            return Err(ConfigError::Unsupported("CPU templates (cpu_template)"));
+        }
         self.mem_bytes()?;
         Ok(())
     }
@@ -50,5 +75,35 @@ impl MachineConfig {
         (self.mem_size_mib as u64)
             .checked_mul(1 << 20)
             .ok_or(ConfigError::MemoryTooLarge(self.mem_size_mib))
+    }
+}
+
+/// `PATCH /machine-config`: every field optional; those given replace the current values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfigUpdate {
+    pub vcpu_count: Option<u8>,
+    pub mem_size_mib: Option<usize>,
+    pub smt: Option<bool>,
+    pub track_dirty_pages: Option<bool>,
+    pub huge_pages: Option<HugePages>,
+    pub cpu_template: Option<String>,
+}
+
+impl MachineConfigUpdate {
+    pub fn is_empty(&self) -> bool {
+        *self == MachineConfigUpdate::default()
+    }
+
+    /// `current` with this update applied (not yet validated).
+    pub fn apply(self, current: &MachineConfig) -> MachineConfig {
+        MachineConfig {
+            vcpu_count: self.vcpu_count.unwrap_or(current.vcpu_count),
+            mem_size_mib: self.mem_size_mib.unwrap_or(current.mem_size_mib),
+            smt: self.smt.unwrap_or(current.smt),
+            track_dirty_pages: self.track_dirty_pages.unwrap_or(current.track_dirty_pages),
+            huge_pages: self.huge_pages.unwrap_or(current.huge_pages),
+            cpu_template: self.cpu_template.or_else(|| current.cpu_template.clone()),
+        }
     }
 }

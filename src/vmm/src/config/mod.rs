@@ -8,21 +8,135 @@ mod drive;
 mod machine;
 
 pub use boot::BootSourceConfig;
-pub use drive::{CacheType, DriveConfig};
-pub use machine::{MachineConfig, MAX_VCPUS};
+pub use drive::{valid_id, CacheType, DriveConfig, IoEngine, PartialDrive};
+pub use machine::{HugePages, MachineConfig, MachineConfigUpdate, MAX_VCPUS};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-/// `--config-file`: every resource that can be set before boot.
-#[derive(Debug, Clone, Deserialize)]
+/// `--config-file`, and `GET /vm/config`: every resource that can be set before boot, under
+/// the keys of Firecracker's `FullVmConfiguration`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VmConfig {
-    #[serde(rename = "boot-source")]
-    pub boot_source: BootSourceConfig,
+    /// Required in a config file; absent from `GET /vm/config` until it is set.
+    #[serde(
+        rename = "boot-source",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub boot_source: Option<BootSourceConfig>,
     #[serde(default)]
     pub drives: Vec<DriveConfig>,
     #[serde(rename = "machine-config", default)]
     pub machine_config: Option<MachineConfig>,
+    /// Firecracker's other sections, accepted when empty so that its files and its
+    /// `GET /vm/config` output load; anything in them is refused by [`VmConfig::check_later`].
+    #[serde(rename = "network-interfaces", default, skip_serializing)]
+    pub network_interfaces: Option<serde_json::Value>,
+    #[serde(rename = "mmds-config", default, skip_serializing)]
+    pub mmds_config: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub vsock: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub entropy: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub balloon: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub logger: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub metrics: Option<serde_json::Value>,
+    #[serde(rename = "cpu-config", default, skip_serializing)]
+    pub cpu_config: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub pmem: Option<serde_json::Value>,
+    #[serde(rename = "memory-hotplug", default, skip_serializing)]
+    pub memory_hotplug: Option<serde_json::Value>,
+}
+
+impl VmConfig {
+    /// The configuration `GET /vm/config` shows: the sections Ember has.
+    pub fn new(
+        boot_source: Option<BootSourceConfig>,
+        drives: Vec<DriveConfig>,
+        machine_config: MachineConfig,
+    ) -> Self {
+        VmConfig {
+            boot_source,
+            drives,
+            machine_config: Some(machine_config),
+            network_interfaces: None,
+            mmds_config: None,
+            vsock: None,
+            entropy: None,
+            balloon: None,
+            logger: None,
+            metrics: None,
+            cpu_config: None,
+            pmem: None,
+            memory_hotplug: None,
+        }
+    }
+
+    /// Refuses any section that asks for something; `null` and `[]` ask for nothing.
+    pub fn check_later(&self) -> Result<(), ConfigError> {
+        let asks = |v: &Option<serde_json::Value>| match v {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Array(a)) => !a.is_empty(),
+            Some(_) => true,
+        };
+        let sections = [
+            (&self.network_interfaces, Later::Network),
+            (&self.mmds_config, Later::Mmds),
+            (&self.vsock, Later::Vsock),
+            (&self.entropy, Later::Entropy),
+            (&self.balloon, Later::Balloon),
+            (&self.logger, Later::Logger),
+            (&self.metrics, Later::Metrics),
+        ];
+        for (section, later) in sections {
+            if asks(section) {
+                return Err(ConfigError::NotYet(later));
+            }
+        }
+        if asks(&self.cpu_config) {
+            return Err(ConfigError::Unsupported(
+                "custom CPU templates (cpu-config)",
+            ));
+        }
+        if asks(&self.pmem) {
+            return Err(ConfigError::Unsupported("virtio-pmem devices (pmem)"));
+        }
+        if asks(&self.memory_hotplug) {
+            return Err(ConfigError::Unsupported("memory hotplug (memory-hotplug)"));
+        }
+        Ok(())
+    }
+}
+
+/// Firecracker features that Ember plans but does not have yet; the API and the config file
+/// name them when asked for one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Later {
+    #[error("network interfaces (virtio-net) are not available in Ember yet")]
+    Network,
+    #[error("the microVM metadata service (MMDS) is not available in Ember yet")]
+    Mmds,
+    #[error("rate limiters are not available in Ember yet")]
+    RateLimiters,
+    #[error("changing a drive after boot (PATCH /drives) is not available in Ember yet")]
+    DriveUpdates,
+    #[error("configuring the logger through the API (PUT /logger) is not available in Ember yet; use --log-path and --level")]
+    Logger,
+    #[error("metrics (PUT /metrics) are not available in Ember yet")]
+    Metrics,
+    #[error("the vsock device is not available in Ember yet")]
+    Vsock,
+    #[error("the entropy device is not available in Ember yet")]
+    Entropy,
+    #[error("the balloon device is not available in Ember yet")]
+    Balloon,
+    #[error("snapshots are not available in Ember yet")]
+    Snapshots,
 }
 
 /// Why a configuration was refused; each variant is one sentence for the user.
@@ -30,6 +144,8 @@ pub struct VmConfig {
 pub enum ConfigError {
     #[error("invalid configuration: {0}")]
     Json(String),
+    #[error("invalid configuration: missing field `boot-source`")]
+    NoBootSource,
     #[error("cannot read {what} {path}: {source}")]
     Unreadable {
         what: &'static str,
@@ -48,20 +164,40 @@ pub enum ConfigError {
     DriveId(String),
     #[error("drives {0} and {1} are both marked as the root device; only one may be")]
     TwoRootDevices(String, String),
+    #[error("there is no drive with drive_id {0}")]
+    NoSuchDrive(String),
     #[error("drive_id {0} is used by two drives")]
     DuplicateDriveId(String),
     #[error("at most {max} drives are supported, not {count}")]
     TooManyDrives { max: usize, count: usize },
     #[error("the kernel command line must not contain a NUL byte")]
     BootArgsNul,
+    #[error("{0}")]
+    NotYet(Later),
+    #[error("Ember does not support {0}")]
+    Unsupported(&'static str),
 }
 
 /// Parses JSON into `T`, naming the field path, line and column of the first error.
 pub fn parse_json<'a, T: Deserialize<'a>>(text: &'a str) -> Result<T, ConfigError> {
+    parse_json_in(text, None)
+}
+
+/// [`parse_json`] for one section of the configuration (an API request body): the field
+/// path in an error starts with the section's name, as it would in a config file.
+pub fn parse_json_in<'a, T: Deserialize<'a>>(
+    text: &'a str,
+    section: Option<&str>,
+) -> Result<T, ConfigError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
+        let path = match (section, path.as_str()) {
+            (Some(s), ".") => s.to_string(),
+            (Some(s), p) => format!("{s}.{p}"),
+            (None, p) => p.to_string(),
+        };
         if path == "." || inner.is_syntax() || inner.is_eof() {
             ConfigError::Json(inner.to_string())
         } else {

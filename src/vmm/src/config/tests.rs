@@ -101,7 +101,7 @@ fn machine_limits() {
             vcpu_count: vcpus,
             mem_size_mib: mem,
             smt,
-            track_dirty_pages: false,
+            ..MachineConfig::default()
         }
         .validate()
     };
@@ -136,6 +136,9 @@ fn drive_rules() {
         is_read_only: false,
         partuuid: None,
         cache_type: CacheType::Unsafe,
+        io_engine: IoEngine::Sync,
+        rate_limiter: None,
+        socket: None,
     };
     let mut res = VmResources::default();
     res.add_drive(drive("a", true)).unwrap();
@@ -168,4 +171,61 @@ fn drive_rules() {
         res.add_drive(drive("last", false)),
         Err(ConfigError::TooManyDrives { .. })
     ));
+}
+
+#[test]
+fn firecracker_sections_without_a_device_here_are_named() {
+    let kernel = temp_file("kernel9");
+    let boot = format!(r#""boot-source": {{"kernel_image_path": "{kernel}"}}"#);
+    // Empty sections, as Firecracker's GET /vm/config writes them, load.
+    VmResources::from_json(&format!(
+        r#"{{{boot}, "network-interfaces": [], "vsock": null, "balloon": null}}"#
+    ))
+    .unwrap();
+    let e = error_of(&format!(
+        r#"{{{boot}, "network-interfaces": [{{"iface_id": "eth0"}}]}}"#
+    ));
+    assert!(
+        e.contains("network interfaces (virtio-net) are not available"),
+        "{e}"
+    );
+    let e = error_of(&format!(r#"{{{boot}, "vsock": {{"guest_cid": 3}}}}"#));
+    assert!(e.contains("vsock device is not available"), "{e}");
+    let e = error_of(&format!(
+        r#"{{{boot}, "machine-config": {{"vcpu_count": 1, "mem_size_mib": 64, "huge_pages": "2M"}}}}"#
+    ));
+    assert!(e.contains("does not support huge_pages 2M"), "{e}");
+}
+
+#[test]
+fn the_exported_configuration_loads_again() {
+    let kernel = temp_file("kernel10");
+    let disk = temp_file("disk10");
+    let json = format!(
+        r#"{{"boot-source": {{"kernel_image_path": "{kernel}", "boot_args": "console=ttyS0"}},
+            "drives": [{{"drive_id": "root", "path_on_host": "{disk}", "is_root_device": true}}],
+            "machine-config": {{"vcpu_count": 2, "mem_size_mib": 96, "smt": true}}}}"#
+    );
+    let first = VmResources::from_json(&json).unwrap();
+    let exported = serde_json::to_string(&first.to_config()).unwrap();
+    let second = VmResources::from_json(&exported).unwrap();
+    assert_eq!(
+        second.to_config().boot_source,
+        first.to_config().boot_source
+    );
+    assert_eq!(second.drives(), first.drives());
+    assert_eq!(second.machine_config, first.machine_config);
+}
+
+#[test]
+fn patch_changes_only_the_fields_it_names() {
+    let current = MachineConfig {
+        vcpu_count: 2,
+        mem_size_mib: 512,
+        ..MachineConfig::default()
+    };
+    let update: MachineConfigUpdate = parse_json(r#"{"mem_size_mib": 256}"#).unwrap();
+    let next = update.apply(&current);
+    assert_eq!((next.vcpu_count, next.mem_size_mib), (2, 256));
+    assert!(parse_json::<MachineConfigUpdate>("{}").unwrap().is_empty());
 }

@@ -1,12 +1,12 @@
 //! vCPUs: their boot state (CPUID, MSRs, FPU, LAPIC, and registers for the boot vCPU) and the
 //! thread that runs each of them.
 
+pub mod control;
 pub mod emulate;
 pub mod exit;
 pub mod stats;
 
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use arch::cpuid::Topology;
 use arch::BootProtocol;
@@ -17,6 +17,7 @@ use kvm_ioctls::VcpuFd;
 use crate::memory::GuestMemory;
 use crate::vm::HostCaps;
 use crate::{ExitSignal, VmExit};
+use control::{VcpuControl, VcpuHandle};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -47,6 +48,7 @@ pub struct Vcpu {
     mmio: Arc<Bus>,
     exit: Arc<ExitSignal>,
     mem: GuestMemory,
+    control: Arc<VcpuControl>,
 }
 
 impl Vcpu {
@@ -122,17 +124,24 @@ impl Vcpu {
             mmio,
             exit,
             mem,
+            control: Arc::default(),
         }
     }
 
     /// Starts the thread `ember_vcpuN`. It runs until its vCPU stops the VM; the VMM thread
     /// ends the process (and with it the other vCPU threads) once the VM has stopped.
-    pub fn start(self) -> Result<JoinHandle<()>, Error> {
+    pub fn start(self) -> Result<VcpuHandle, Error> {
         let index = self.index;
-        std::thread::Builder::new()
+        let control = self.control.clone();
+        let thread = std::thread::Builder::new()
             .name(format!("ember_vcpu{index}"))
             .spawn(move || self.run())
-            .map_err(|e| Error::Spawn(index, e))
+            .map_err(|e| Error::Spawn(index, e))?;
+        Ok(VcpuHandle {
+            index,
+            control,
+            thread,
+        })
     }
 
     /// Performs the instruction KVM could not, or stops the VM saying which one it was.
@@ -169,6 +178,7 @@ impl Vcpu {
                 self.exit.report(reason);
                 return;
             }
+            self.control.park_if_paused();
         }
     }
 }

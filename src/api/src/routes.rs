@@ -1,0 +1,312 @@
+//! Firecracker's paths and methods, turned into [`VmmAction`]s. Request bodies go through
+//! the configuration model's own parser ([`vmm::config::parse_json_in`]), so that the API and
+//! a config file refuse the same mistake with the same sentence. Paths of features Ember does
+//! not have yet are known, and answered with a message that names the feature.
+
+use serde::Deserialize;
+use vmm::config::{
+    parse_json_in, valid_id, BootSourceConfig, ConfigError, DriveConfig, Later, MachineConfig,
+    MachineConfigUpdate, PartialDrive,
+};
+use vmm::rpc::VmmAction;
+
+use crate::http::{Request, Response};
+
+/// What a request asks for: an action for the VMM thread, or an answer the router already
+/// knows (an unknown path, a bad body).
+#[derive(Debug)]
+pub enum Routed {
+    Action(VmmAction),
+    Answer(Response),
+}
+
+/// Each path of Firecracker's API file, by what it does in Ember.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Root,
+    Version,
+    MachineConfig,
+    BootSource,
+    Drive,
+    Actions,
+    VmConfig,
+    VmState,
+    Later(Later),
+    Unsupported(&'static str),
+}
+
+impl Route {
+    /// The methods the API file defines for this path.
+    fn methods(self, path: &[&str]) -> &'static [&'static str] {
+        match (self, path) {
+            (Route::Root | Route::Version | Route::VmConfig, _) => &["GET"],
+            (Route::MachineConfig, _) => &["GET", "PUT", "PATCH"],
+            (Route::BootSource | Route::Actions, _) => &["PUT"],
+            (Route::Drive, _) => &["PUT", "PATCH"],
+            (Route::VmState, _) => &["PATCH"],
+            (_, ["balloon"] | ["mmds"] | ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
+            (_, ["balloon", "statistics"]) => &["GET", "PATCH"],
+            (_, ["balloon", "hinting", "status"]) => &["GET"],
+            (_, ["balloon", "hinting", _]) => &["PATCH"],
+            (_, ["network-interfaces", _] | ["pmem", _]) => &["PUT", "PATCH"],
+            _ => &["PUT"],
+        }
+    }
+}
+
+/// Finds the route of a path split at '/', or None if the API file has no such path.
+fn route(path: &[&str]) -> Option<Route> {
+    use Route::*;
+    Some(match path {
+        [] => Root,
+        ["version"] => Version,
+        ["machine-config"] => MachineConfig,
+        ["boot-source"] => BootSource,
+        ["drives", _] => Drive,
+        ["actions"] => Actions,
+        ["vm", "config"] => VmConfig,
+        ["vm"] => VmState,
+        ["network-interfaces", _] => Later(vmm::config::Later::Network),
+        ["mmds"] | ["mmds", "config"] => Later(vmm::config::Later::Mmds),
+        ["vsock"] => Later(vmm::config::Later::Vsock),
+        ["entropy"] => Later(vmm::config::Later::Entropy),
+        ["balloon"]
+        | ["balloon", "statistics"]
+        | ["balloon", "hinting", "start" | "status" | "stop"] => Later(vmm::config::Later::Balloon),
+        ["logger"] => Later(vmm::config::Later::Logger),
+        ["metrics"] => Later(vmm::config::Later::Metrics),
+        ["snapshot", "create" | "load"] => Later(vmm::config::Later::Snapshots),
+        ["cpu-config"] => Unsupported("custom CPU templates (PUT /cpu-config)"),
+        ["pmem", _] => Unsupported("virtio-pmem devices (/pmem)"),
+        ["hotplug", "memory"] => Unsupported("memory hotplug (/hotplug/memory)"),
+        ["serial"] => Unsupported("redirecting the serial console (PUT /serial)"),
+        _ => return None,
+    })
+}
+
+/// `PUT /actions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    action_type: ActionType,
+    /// Only Firecracker's old BlockDeviceRescan used it; accepted and ignored.
+    #[serde(default)]
+    #[allow(dead_code)]
+    payload: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+enum ActionType {
+    FlushMetrics,
+    InstanceStart,
+    SendCtrlAltDel,
+}
+
+/// `PATCH /vm`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmStateBody {
+    state: VmState,
+}
+
+#[derive(Debug, Deserialize)]
+enum VmState {
+    Paused,
+    Resumed,
+}
+
+fn bad_request(message: &str) -> Response {
+    Response::fault(400, message)
+}
+
+fn config_error(e: &ConfigError) -> Response {
+    bad_request(&e.to_string())
+}
+
+/// Firecracker's message for a path or method it does not serve.
+fn invalid_path(req: &Request) -> String {
+    format!(
+        "Invalid request method and/or path: {} {}.",
+        req.method, req.path
+    )
+}
+
+/// Parses the body of a request for `section`, or answers with why it cannot be parsed.
+fn body<T: for<'a> Deserialize<'a>>(req: &Request, section: &str) -> Result<T, Response> {
+    let text = std::str::from_utf8(&req.body)
+        .map_err(|e| bad_request(&format!("the request body is not valid UTF-8: {e}")))?;
+    parse_json_in(text, Some(section)).map_err(|e| config_error(&e))
+}
+
+/// Firecracker's checks of an ID in the path, and that the body names the same ID.
+fn path_id(id: &str, in_body: &str) -> Result<(), Response> {
+    if id.is_empty() {
+        return Err(bad_request("The ID cannot be empty."));
+    }
+    if !valid_id(id) {
+        return Err(config_error(&ConfigError::DriveId(id.to_string())));
+    }
+    if id != in_body {
+        return Err(bad_request(
+            "The id from the path does not match the id from the body!",
+        ));
+    }
+    Ok(())
+}
+
+/// Turns one HTTP request into what it asks for.
+pub fn parse(req: &Request) -> Routed {
+    let segments: Vec<&str> = req.path.split('/').filter(|s| !s.is_empty()).collect();
+    let Some(route) = route(&segments) else {
+        return Routed::Answer(Response::fault(404, &invalid_path(req)));
+    };
+    let methods = route.methods(&segments);
+    if !methods.contains(&req.method.as_str()) {
+        return Routed::Answer(
+            Response::fault(405, &invalid_path(req)).with_header("Allow", methods.join(", ")),
+        );
+    }
+    // Firecracker's rules for bodies: none on GET, one on PUT and PATCH.
+    match (req.method.as_str(), req.body.is_empty()) {
+        ("GET", false) => return Routed::Answer(bad_request("GET request cannot have a body.")),
+        ("PUT", true) => return Routed::Answer(bad_request("Empty PUT request.")),
+        ("PATCH", true) => return Routed::Answer(bad_request("Empty PATCH request.")),
+        _ => {}
+    }
+    match parse_route(req, route, &segments) {
+        Ok(action) => Routed::Action(action),
+        Err(answer) => Routed::Answer(answer),
+    }
+}
+
+fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmAction, Response> {
+    let method = req.method.as_str();
+    Ok(match (route, method) {
+        (Route::Root, _) => VmmAction::GetInstanceInfo,
+        (Route::Version, _) => VmmAction::GetVersion,
+        (Route::VmConfig, _) => VmmAction::GetFullConfig,
+        (Route::MachineConfig, "GET") => VmmAction::GetMachineConfig,
+        (Route::MachineConfig, "PUT") => {
+            VmmAction::PutMachineConfig(body::<MachineConfig>(req, "machine-config")?)
+        }
+        (Route::MachineConfig, _) => {
+            let update: MachineConfigUpdate = body(req, "machine-config")?;
+            if update.is_empty() {
+                return Err(bad_request("Empty PATCH request."));
+            }
+            VmmAction::PatchMachineConfig(update)
+        }
+        (Route::BootSource, _) => {
+            VmmAction::PutBootSource(body::<BootSourceConfig>(req, "boot-source")?)
+        }
+        (Route::Drive, "PUT") => {
+            let drive: DriveConfig = body(req, "drives")?;
+            path_id(segments[1], &drive.drive_id)?;
+            VmmAction::PutDrive(drive)
+        }
+        (Route::Drive, _) => {
+            let patch: PartialDrive = body(req, "drives")?;
+            path_id(segments[1], &patch.drive_id)?;
+            VmmAction::PatchDrive(patch)
+        }
+        (Route::Actions, _) => match body::<ActionBody>(req, "actions")?.action_type {
+            ActionType::InstanceStart => VmmAction::InstanceStart,
+            ActionType::SendCtrlAltDel => VmmAction::SendCtrlAltDel,
+            ActionType::FlushMetrics => VmmAction::FlushMetrics,
+        },
+        (Route::VmState, _) => match body::<VmStateBody>(req, "vm")?.state {
+            VmState::Paused => VmmAction::Pause,
+            VmState::Resumed => VmmAction::Resume,
+        },
+        (Route::Later(later), _) => return Err(config_error(&ConfigError::NotYet(later))),
+        (Route::Unsupported(what), _) => return Err(config_error(&ConfigError::Unsupported(what))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: &str, path: &str, body: &str) -> Request {
+        Request {
+            method: method.into(),
+            path: path.into(),
+            body: body.as_bytes().to_vec(),
+            keep_alive: true,
+        }
+    }
+
+    fn answer(r: Routed) -> Response {
+        match r {
+            Routed::Answer(resp) => resp,
+            Routed::Action(a) => panic!("expected an answer, got {a:?}"),
+        }
+    }
+
+    fn action(r: Routed) -> VmmAction {
+        match r {
+            Routed::Action(a) => a,
+            Routed::Answer(resp) => panic!("expected an action, got {resp:?}"),
+        }
+    }
+
+    #[test]
+    fn paths_and_methods() {
+        assert_eq!(
+            action(parse(&req("GET", "/", ""))),
+            VmmAction::GetInstanceInfo
+        );
+        assert_eq!(
+            action(parse(&req("GET", "/vm/config", ""))),
+            VmmAction::GetFullConfig
+        );
+        assert_eq!(
+            action(parse(&req("PATCH", "/vm", r#"{"state":"Paused"}"#))),
+            VmmAction::Pause
+        );
+        let r = answer(parse(&req("GET", "/nope", "")));
+        assert_eq!(r.status, 404);
+        assert!(r
+            .body
+            .unwrap()
+            .contains("Invalid request method and/or path: GET /nope."));
+        let r = answer(parse(&req("DELETE", "/machine-config", "")));
+        assert_eq!(r.status, 405);
+        assert_eq!(r.headers, vec![("Allow", "GET, PUT, PATCH".to_string())]);
+        assert_eq!(answer(parse(&req("GET", "/drives/x/y", ""))).status, 404);
+        assert_eq!(answer(parse(&req("GET", "/drives/x", ""))).status, 405);
+    }
+
+    #[test]
+    fn firecracker_body_rules() {
+        let r = answer(parse(&req("GET", "/", "{}")));
+        assert!(r.body.unwrap().contains("GET request cannot have a body."));
+        let r = answer(parse(&req("PUT", "/boot-source", "")));
+        assert!(r.body.unwrap().contains("Empty PUT request."));
+        let r = answer(parse(&req("PATCH", "/machine-config", "{}")));
+        assert!(r.body.unwrap().contains("Empty PATCH request."));
+        let r = answer(parse(&req(
+            "PUT",
+            "/drives/a",
+            r#"{"drive_id":"b","path_on_host":"/x","is_root_device":false}"#,
+        )));
+        assert!(r.body.unwrap().contains("does not match"));
+    }
+
+    #[test]
+    fn body_errors_name_the_field_like_a_config_file() {
+        let r = answer(parse(&req(
+            "PUT",
+            "/machine-config",
+            r#"{"vcpu_count":"2","mem_size_mib":128}"#,
+        )));
+        assert_eq!(r.status, 400);
+        let body = r.body.unwrap();
+        assert!(
+            body.contains("machine-config.vcpu_count: invalid type"),
+            "{body}"
+        );
+        let r = answer(parse(&req("PUT", "/vsock", r#"{"guest_cid":3}"#)));
+        assert!(r.body.unwrap().contains("vsock device is not available"));
+    }
+}

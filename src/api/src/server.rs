@@ -1,0 +1,318 @@
+//! The API thread: one epoll loop over the listening socket and every connection, all
+//! non-blocking, so that no client (one that never sends, one that sends a byte at a time,
+//! one that never reads its answers) holds up another. Requests are answered one at a time,
+//! in order, by the VMM thread.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+
+use vmm::rpc::ApiSide;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+
+use crate::http::{RequestParser, Response};
+use crate::reply::to_response;
+use crate::routes::{self, Routed};
+
+/// Open connections beyond this are answered 503 and closed. Each costs a file descriptor
+/// and at most one request's buffer.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Requests served from one connection before the others get their turn.
+const REQUESTS_PER_TURN: usize = 32;
+const READ_CHUNK: usize = 4096;
+const LISTENER: u64 = u64::MAX;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot create the API socket {path}: {source}")]
+    Bind {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the API socket {0} already exists; remove it, or give --api-sock another path")]
+    InUse(String),
+    #[error("cannot set up the API server: {0}")]
+    Setup(#[source] std::io::Error),
+}
+
+/// Creates the listening socket; the caller removes the file when ember exits.
+pub fn bind(path: &Path) -> Result<UnixListener, Error> {
+    UnixListener::bind(path).map_err(|source| {
+        if source.kind() == ErrorKind::AddrInUse {
+            Error::InUse(path.display().to_string())
+        } else {
+            Error::Bind {
+                path: path.display().to_string(),
+                source,
+            }
+        }
+    })
+}
+
+struct Connection {
+    stream: UnixStream,
+    parser: RequestParser,
+    /// The response being written, and how much of it is out.
+    out: Vec<u8>,
+    written: usize,
+    /// Close once `out` is written: the client asked, or the stream cannot be trusted.
+    closing: bool,
+    /// The client has shut its side.
+    eof: bool,
+}
+
+/// What to do with a connection after serving it.
+enum Next {
+    /// Wait until it is readable.
+    Read,
+    /// Wait until it is writable: a response is stuck.
+    Write,
+    /// Its turn is over but it may have more already read: serve it again soon.
+    Yield,
+    Close,
+}
+
+pub struct ApiServer {
+    listener: UnixListener,
+    epoll: Epoll,
+    connections: HashMap<RawFd, Connection>,
+    /// Connections that yielded their turn with requests still buffered.
+    ready: Vec<RawFd>,
+    vmm: ApiSide,
+    max_payload: usize,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServer")
+            .field("connections", &self.connections.len())
+            .finish()
+    }
+}
+
+impl ApiServer {
+    pub fn new(listener: UnixListener, vmm: ApiSide, max_payload: usize) -> Result<Self, Error> {
+        listener.set_nonblocking(true).map_err(Error::Setup)?;
+        let epoll = Epoll::new().map_err(Error::Setup)?;
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                listener.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, LISTENER),
+            )
+            .map_err(Error::Setup)?;
+        Ok(ApiServer {
+            listener,
+            epoll,
+            connections: HashMap::new(),
+            ready: Vec::new(),
+            vmm,
+            max_payload,
+        })
+    }
+
+    /// Serves until the VMM thread goes away (ember is exiting).
+    pub fn run(mut self) {
+        let mut events = vec![EpollEvent::default(); 64];
+        loop {
+            let timeout = if self.ready.is_empty() { -1 } else { 0 };
+            let n = match self.epoll.wait(timeout, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::error!("the API server's epoll failed: {e}");
+                    return;
+                }
+            };
+            for event in &events[..n] {
+                if event.data() == LISTENER {
+                    self.accept_all();
+                } else if !self.serve(event.data() as RawFd) {
+                    return;
+                }
+            }
+            for fd in std::mem::take(&mut self.ready) {
+                if !self.serve(fd) {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => self.add(stream),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of file descriptors, most likely: leave the client in the backlog.
+                    log::warn!("the API server cannot accept a connection: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, mut stream: UnixStream) {
+        if self.connections.len() >= MAX_CONNECTIONS {
+            let busy = Response::fault(503, "too many open API connections")
+                .with_header("Connection", "close".into());
+            let _ = stream.set_nonblocking(true);
+            let _ = stream.write(&busy.to_bytes());
+            return;
+        }
+        let fd = stream.as_raw_fd();
+        let registered = stream.set_nonblocking(true).and_then(|()| {
+            self.epoll.ctl(
+                ControlOperation::Add,
+                fd,
+                EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, fd as u64),
+            )
+        });
+        if let Err(e) = registered {
+            log::warn!("the API server cannot watch a connection: {e}");
+            return;
+        }
+        self.connections.insert(
+            fd,
+            Connection {
+                stream,
+                parser: RequestParser::new(self.max_payload),
+                out: Vec::new(),
+                written: 0,
+                closing: false,
+                eof: false,
+            },
+        );
+    }
+
+    /// Serves one connection as far as it can go now; false if the VMM thread is gone.
+    fn serve(&mut self, fd: RawFd) -> bool {
+        let Some(mut conn) = self.connections.remove(&fd) else {
+            return true;
+        };
+        let (next, vmm_alive) = self.advance(&mut conn);
+        let interest = match next {
+            Next::Close => None,
+            Next::Read | Next::Yield => Some(EventSet::IN | EventSet::READ_HANG_UP),
+            Next::Write => Some(EventSet::OUT),
+        };
+        if matches!(next, Next::Yield) {
+            self.ready.push(fd);
+        }
+        if let Some(events) = interest {
+            let modified = self.epoll.ctl(
+                ControlOperation::Modify,
+                fd,
+                EpollEvent::new(events, fd as u64),
+            );
+            if modified.is_ok() {
+                self.connections.insert(fd, conn);
+            }
+        }
+        // Dropping a closed connection closes its socket, which also leaves the epoll set.
+        vmm_alive
+    }
+
+    fn advance(&mut self, conn: &mut Connection) -> (Next, bool) {
+        let mut served = 0;
+        loop {
+            match flush(conn) {
+                Ok(true) => {}
+                Ok(false) => return (Next::Write, true),
+                Err(_) => return (Next::Close, true),
+            }
+            if conn.closing {
+                return (Next::Close, true);
+            }
+            if served == REQUESTS_PER_TURN {
+                return (Next::Yield, true);
+            }
+            match conn.parser.next_request() {
+                Ok(Some(request)) => {
+                    served += 1;
+                    let response = match routes::parse(&request) {
+                        Routed::Answer(response) => response,
+                        Routed::Action(action) => match self.vmm.call(action) {
+                            Ok(result) => to_response(&result),
+                            Err(_) => {
+                                let gone = Response::fault(503, "ember is shutting down");
+                                queue(conn, &gone.with_header("Connection", "close".into()));
+                                conn.closing = true;
+                                let _ = flush(conn);
+                                return (Next::Close, false);
+                            }
+                        },
+                    };
+                    if !request.keep_alive {
+                        conn.closing = true;
+                    }
+                    queue(conn, &response);
+                }
+                Ok(None) => {
+                    if conn.eof {
+                        return (Next::Close, true);
+                    }
+                    match read_some(conn) {
+                        Ok(true) => {}
+                        Ok(false) => return (Next::Read, true),
+                        Err(_) => return (Next::Close, true),
+                    }
+                }
+                Err(e) => {
+                    // The stream's framing is lost: answer, then close.
+                    log::info!("API: refused a malformed request: {e}");
+                    let response = Response::fault(e.status(), &e.to_string())
+                        .with_header("Connection", "close".into());
+                    queue(conn, &response);
+                    conn.closing = true;
+                }
+            }
+        }
+    }
+}
+
+fn queue(conn: &mut Connection, response: &Response) {
+    conn.out = response.to_bytes();
+    conn.written = 0;
+}
+
+/// Writes what is pending; true when nothing is left.
+fn flush(conn: &mut Connection) -> std::io::Result<bool> {
+    while conn.written < conn.out.len() {
+        match conn.stream.write(&conn.out[conn.written..]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => conn.written += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    conn.out.clear();
+    conn.written = 0;
+    Ok(true)
+}
+
+/// Reads one chunk into the parser; false if nothing is there yet. End of stream is
+/// recorded, so that what was already sent is still answered.
+fn read_some(conn: &mut Connection) -> std::io::Result<bool> {
+    let mut buf = [0u8; READ_CHUNK];
+    loop {
+        match conn.stream.read(&mut buf) {
+            Ok(0) => {
+                conn.eof = true;
+                return Ok(true);
+            }
+            Ok(n) => {
+                conn.parser.feed(&buf[..n]);
+                return Ok(true);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}

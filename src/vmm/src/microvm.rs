@@ -1,0 +1,124 @@
+//! A built microVM: its vCPUs (configured, then running on their threads), its devices'
+//! event subscribers, and what the API may do to it after boot (pause, resume, keys).
+
+use std::sync::{Arc, Mutex};
+
+use devices::legacy::I8042;
+use event_manager::{EventManager, SubscriberOps};
+
+use crate::event_loop::Subscriber;
+use crate::memory::GuestMemory;
+use crate::vcpu::control::{self, VcpuHandle};
+use crate::vcpu::stats::VcpuStats;
+use crate::vcpu::{self, Vcpu};
+use crate::vm::Vm;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Vcpu(#[from] vcpu::Error),
+    #[error("cannot install the vCPU kick signal handler: {0}")]
+    KickHandler(#[source] std::io::Error),
+    #[error("vCPU {0} did not pause in time; the microVM keeps running")]
+    PauseTimeout(u8),
+}
+
+pub struct MicroVm {
+    /// Configured but not started; emptied by [`MicroVm::start`].
+    vcpus: Vec<Vcpu>,
+    handles: Vec<VcpuHandle>,
+    subscribers: Vec<Subscriber>,
+    /// KVM's counters of each vCPU that has them, by vCPU index.
+    stats: Vec<(u8, VcpuStats)>,
+    i8042: Arc<Mutex<I8042>>,
+    paused: bool,
+    /// Kept alive for the VM's lifetime: KVM's memory slots point into it.
+    _memory: GuestMemory,
+    _vm: Vm,
+}
+
+impl std::fmt::Debug for MicroVm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MicroVm")
+            .field("vcpus", &(self.vcpus.len() + self.handles.len()))
+            .field("paused", &self.paused)
+            .finish()
+    }
+}
+
+impl MicroVm {
+    pub(crate) fn new(
+        vcpus: Vec<Vcpu>,
+        stats: Vec<(u8, VcpuStats)>,
+        subscribers: Vec<Subscriber>,
+        i8042: Arc<Mutex<I8042>>,
+        memory: GuestMemory,
+        vm: Vm,
+    ) -> Self {
+        MicroVm {
+            vcpus,
+            handles: Vec::new(),
+            subscribers,
+            stats,
+            i8042,
+            paused: false,
+            _memory: memory,
+            _vm: vm,
+        }
+    }
+
+    /// Hands the devices to the event loop and starts a thread per vCPU.
+    pub fn start(&mut self, event_manager: &mut EventManager<Subscriber>) -> Result<(), Error> {
+        control::install_kick_handler().map_err(Error::KickHandler)?;
+        for subscriber in self.subscribers.drain(..) {
+            event_manager.add_subscriber(subscriber);
+        }
+        for vcpu in std::mem::take(&mut self.vcpus) {
+            self.handles.push(vcpu.start()?);
+        }
+        Ok(())
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Stops every vCPU; the guest's clocks keep running on the host, its code does not.
+    pub fn pause(&mut self) -> Result<(), Error> {
+        if let Err(index) = control::pause_all(&self.handles) {
+            control::resume_all(&self.handles);
+            return Err(Error::PauseTimeout(index));
+        }
+        self.paused = true;
+        Ok(())
+    }
+
+    pub fn resume(&mut self) {
+        control::resume_all(&self.handles);
+        self.paused = false;
+    }
+
+    /// Presses and releases Ctrl+Alt+Del on the i8042 keyboard.
+    pub fn send_ctrl_alt_del(&self) {
+        devices::bus::lock(&self.i8042).press_ctrl_alt_del();
+    }
+
+    /// Logs KVM's counters for each vCPU (exits by reason), at Info: `--level Info`.
+    pub fn log_exit_counts(&self) {
+        if !log::log_enabled!(log::Level::Info) {
+            return;
+        }
+        for (index, stats) in &self.stats {
+            let counts: Vec<String> = stats
+                .read()
+                .into_iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            log::info!("vCPU {index} KVM counters: {}", counts.join(" "));
+        }
+        let emulated = crate::vcpu::emulate::emulated_counts();
+        if !emulated.is_empty() {
+            log::info!("instructions Ember emulated: {emulated:?}");
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! What the API thread may ask of the VMM thread, and what it gets back. The API thread parses
+//! and routes requests; only the VMM thread ([`crate::controller`]) acts on them. Requests go
+//! through a channel, with an eventfd that wakes the VMM thread's event loop.
+
+use std::sync::mpsc::{self, Receiver, RecvError, Sender};
+
+use serde::Serialize;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::{
+    BootSourceConfig, ConfigError, DriveConfig, Later, MachineConfig, MachineConfigUpdate,
+    PartialDrive, VmConfig,
+};
+
+/// One request, already parsed into Ember's configuration model.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VmmAction {
+    GetInstanceInfo,
+    GetVersion,
+    GetMachineConfig,
+    PutMachineConfig(MachineConfig),
+    PatchMachineConfig(MachineConfigUpdate),
+    PutBootSource(BootSourceConfig),
+    PutDrive(DriveConfig),
+    PatchDrive(PartialDrive),
+    GetFullConfig,
+    InstanceStart,
+    SendCtrlAltDel,
+    FlushMetrics,
+    Pause,
+    Resume,
+}
+
+/// `GET /`: Firecracker's `InstanceInfo`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstanceInfo {
+    pub app_name: String,
+    pub id: String,
+    pub state: String,
+    pub vmm_version: String,
+}
+
+/// The state names of `InstanceInfo.state`.
+pub const STATE_NOT_STARTED: &str = "Not started";
+pub const STATE_RUNNING: &str = "Running";
+pub const STATE_PAUSED: &str = "Paused";
+
+/// A successful answer.
+#[derive(Debug, Clone)]
+pub enum VmmData {
+    Empty,
+    InstanceInfo(InstanceInfo),
+    /// The Firecracker API version Ember implements.
+    Version(String),
+    MachineConfig(MachineConfig),
+    FullConfig(Box<VmConfig>),
+}
+
+/// A refused or failed request; the API shows it as `{"fault_message": "<this sentence>"}`.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("Start microvm error: {0}")]
+    Start(String),
+    #[error("{0}")]
+    NotYet(Later),
+    #[error("The requested operation is not supported before starting the microVM.")]
+    NotSupportedPreBoot,
+    #[error("The requested operation is not supported after starting the microVM.")]
+    NotSupportedPostBoot,
+    #[error("the microVM could not be paused: {0}")]
+    Pause(String),
+}
+
+pub type ActionResult = Result<VmmData, ActionError>;
+
+/// The API thread's end.
+#[derive(Debug)]
+pub struct ApiSide {
+    to_vmm: Sender<VmmAction>,
+    from_vmm: Receiver<ActionResult>,
+    wake: EventFd,
+}
+
+/// The VMM thread's end.
+#[derive(Debug)]
+pub struct VmmSide {
+    pub(crate) from_api: Receiver<VmmAction>,
+    pub(crate) to_api: Sender<ActionResult>,
+    pub(crate) wake: EventFd,
+}
+
+/// A connected pair of ends.
+pub fn channel() -> std::io::Result<(ApiSide, VmmSide)> {
+    let (to_vmm, from_api) = mpsc::channel();
+    let (to_api, from_vmm) = mpsc::channel();
+    let wake = EventFd::new(libc::EFD_NONBLOCK)?;
+    let api = ApiSide {
+        to_vmm,
+        from_vmm,
+        wake: wake.try_clone()?,
+    };
+    Ok((
+        api,
+        VmmSide {
+            from_api,
+            to_api,
+            wake,
+        },
+    ))
+}
+
+impl ApiSide {
+    /// Sends one request and waits for its answer. Fails only when the VMM thread is gone,
+    /// which happens when ember is exiting.
+    pub fn call(&self, action: VmmAction) -> Result<ActionResult, RecvError> {
+        self.to_vmm.send(action).map_err(|_| RecvError)?;
+        let _ = self.wake.write(1);
+        self.from_vmm.recv()
+    }
+}
