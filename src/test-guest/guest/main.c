@@ -10,6 +10,9 @@
  *   hang        never reset (for signal tests)
  *   boottimer   write 123 to Firecracker's boot timer at the first MMIO window when done
  *   cpuid       print what CPUID returns for leaves the VMM rewrites (1, 0xa, 0x4000000[01])
+ *   keyboard    before "done", print each byte the i8042 keyboard sends until Ctrl+Alt+Del
+ *               has been pressed and released (the API's SendCtrlAltDel)
+ *   ticks       after "done", print "tick N" every 10^8 TSC cycles, forever (for pausing)
  */
 
 typedef unsigned char u8;
@@ -34,6 +37,8 @@ int memcmp(const void *a, const void *b, u64 n) {
 }
 
 static inline void outb(u16 port, u8 v) { __asm__ volatile("outb %0, %1" :: "a"(v), "Nd"(port)); }
+static inline u8 inb(u16 port) { u8 v; __asm__ volatile("inb %1, %0" : "=a"(v) : "Nd"(port)); return v; }
+static inline u64 rdtsc(void) { u32 lo, hi; __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi)); return ((u64)hi << 32) | lo; }
 static inline void barrier(void) { __asm__ volatile("mfence" ::: "memory"); }
 static inline void pause(void) { __asm__ volatile("pause" ::: "memory"); }
 static inline u32 rd32(u64 a) { return *(volatile u32 *)a; }
@@ -359,6 +364,31 @@ static void report_cpuid(void) {
     }
 }
 
+/* ---- Keyboard and clock ------------------------------------------------------------- */
+
+/* Polls the i8042 and prints every byte until Ctrl's release (0x9d in set 1, the last byte
+ * of Ctrl+Alt+Del), or 16 bytes. */
+static void read_keys(void) {
+    line("keyboard waiting"); end();
+    for (int n = 0; n < 16;) {
+        if (!(inb(0x64) & 1)) { pause(); continue; }
+        u8 b = inb(0x60);
+        line("key "); puthex(b); end();
+        n++;
+        if (b == 0x9d) { line("ctrl-alt-del"); end(); return; }
+    }
+}
+
+/* Progress that stops when the vCPU does: one line per 10^8 TSC cycles. */
+static __attribute__((noreturn)) void ticks(void) {
+    u64 next = rdtsc() + 100000000UL;
+    for (u64 n = 0;; n++) {
+        while (rdtsc() < next) pause();
+        next = rdtsc() + 100000000UL;
+        line("tick "); putdec(n); end();
+    }
+}
+
 /* Only the command line, silently: quick mode must print nothing but its one line. */
 static void find_cmdline(int kind, u64 info) {
     if (kind == BOOT_PVH) cmdline = (const char *)rd64(info + 24);
@@ -374,7 +404,9 @@ void guest_main(int kind, u64 info) {
     if (!has_word("nosmp") && cpus > 1) start_aps(cpus);
     else { line("smp online=1"); end(); }
     virtio_checks();
+    if (has_word("keyboard")) read_keys();
     if (has_word("boottimer")) *(volatile u8 *)0xd0000000UL = 123;
     line("done"); end();
+    if (has_word("ticks")) ticks();
     reset();
 }

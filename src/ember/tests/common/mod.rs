@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod api;
+
 pub const EMBER: &str = env!("CARGO_BIN_EXE_ember");
 
 /// Prints the one SKIPPED line of a test that cannot run here. Written to stderr directly,

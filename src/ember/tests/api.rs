@@ -1,0 +1,200 @@
+//! The REST API end to end with the test guest: a microVM configured and started entirely
+//! through the socket, its configuration read back and replayed, pause and resume, the
+//! keyboard, and a socket that answers from its first millisecond until ember exits.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::api::{Client, Ember};
+use common::*;
+use serde_json::json;
+
+const KERNEL: &str = test_guest::PVH_ELF;
+const BOOT: Duration = Duration::from_secs(30);
+
+/// Configures a test guest through `c`: machine, boot source, a root and a data drive.
+fn configure(c: &mut Client, s: &Scratch, args: &str) {
+    let root = s.file("root.img", &noise(64 << 10, 1));
+    let data = s.file("data.img", &vec![0u8; 128 << 10]);
+    c.put(
+        "/machine-config",
+        &json!({"vcpu_count": 2, "mem_size_mib": 64}),
+    )
+    .expect(204, "");
+    c.put(
+        "/boot-source",
+        &json!({"kernel_image_path": KERNEL, "boot_args": args}),
+    )
+    .expect(204, "");
+    c.put(
+        "/drives/rootfs",
+        &json!({"drive_id": "rootfs", "path_on_host": root, "is_root_device": true}),
+    )
+    .expect(204, "");
+    c.put(
+        "/drives/data",
+        &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false}),
+    )
+    .expect(204, "");
+}
+
+fn start(c: &mut Client) {
+    c.put("/actions", &json!({"action_type": "InstanceStart"}))
+        .expect(204, "");
+}
+
+/// The guest lines that describe the machine (not the keys it was sent).
+fn machine_lines(ember: &Ember) -> Vec<String> {
+    ember
+        .guest_lines()
+        .into_iter()
+        .filter(|l| !l.starts_with("key ") && !l.starts_with("keyboard"))
+        .collect()
+}
+
+#[test]
+fn a_guest_configured_through_the_api_boots_and_its_config_replays() {
+    if !kvm_or_skip("a_guest_configured_through_the_api_boots_and_its_config_replays") {
+        return;
+    }
+    let s = Scratch::new("api-boot");
+    let mut first = Ember::start(&s, &[]);
+    let mut c = first.client();
+    configure(&mut c, &s, "keyboard");
+    start(&mut c);
+    first.wait_for("guest: keyboard waiting", BOOT);
+    let lines = first.guest_lines();
+    assert!(lines.contains(&"smp online=2".to_string()), "{lines:?}");
+    assert!(lines
+        .iter()
+        .any(|l| l.starts_with("blk0 id=rootfs sectors=128")));
+    assert!(lines
+        .iter()
+        .any(|l| l.starts_with("blk1 id=data sectors=256")));
+
+    let config = c.get("/vm/config").expect(200, "").json();
+    assert_eq!(config["machine-config"]["vcpu_count"], 2);
+    assert_eq!(config["machine-config"]["mem_size_mib"], 64);
+    assert_eq!(config["boot-source"]["kernel_image_path"], KERNEL);
+    assert_eq!(config["boot-source"]["boot_args"], "keyboard");
+    let drives = config["drives"].as_array().unwrap();
+    assert_eq!(drives.len(), 2);
+    assert_eq!(drives[0]["drive_id"], "rootfs");
+    assert_eq!(drives[1]["drive_id"], "data");
+
+    // The guest waits for Ctrl+Alt+Del, reads it from the i8042, and resets.
+    c.put("/actions", &json!({"action_type": "SendCtrlAltDel"}))
+        .expect(204, "");
+    assert_eq!(first.wait_exit(BOOT), Some(0), "{}", first.stdout());
+    let keys: Vec<String> = first
+        .guest_lines()
+        .into_iter()
+        .filter_map(|l| l.strip_prefix("key ").map(str::to_string))
+        .collect();
+    assert_eq!(
+        keys,
+        ["0x1d", "0x38", "0xe0", "0x53", "0xe0", "0xd3", "0xb8", "0x9d"],
+        "Ctrl, Alt, Del pressed and released, in scan code set 1"
+    );
+    assert!(!first.sock.exists(), "the socket file is removed at exit");
+
+    // A second ember boots the same machine from the saved configuration, API still on.
+    let s2 = Scratch::new("api-replay");
+    let saved = s2.file("saved.json", config.to_string().as_bytes());
+    let second = Ember::start(&s2, &["--config-file", &saved]);
+    second.wait_for("guest: keyboard waiting", BOOT);
+    let mut c2 = second.client();
+    c2.put("/actions", &json!({"action_type": "InstanceStart"}))
+        .expect(400, "not supported after starting");
+    c2.put("/actions", &json!({"action_type": "SendCtrlAltDel"}))
+        .expect(204, "");
+    second.wait_for("guest: done", BOOT);
+    // The same machine; the data disk now holds what the first guest wrote to it (the root
+    // disk's first 4 KiB), since both runs use the same file.
+    let (one, two) = (machine_lines(&first), machine_lines(&second));
+    let read = |lines: &[String], disk: &str| {
+        let prefix = format!("{disk} read ");
+        let line = lines.iter().find(|l| l.starts_with(&prefix)).unwrap();
+        line[prefix.len()..].to_string()
+    };
+    assert_eq!(read(&two, "blk1"), read(&one, "blk0"));
+    let others = |lines: &[String]| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| !l.starts_with("blk1 read "))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(others(&two), others(&one));
+}
+
+/// The tick lines printed so far.
+fn ticks(ember: &Ember) -> usize {
+    ember
+        .guest_lines()
+        .iter()
+        .filter(|l| l.starts_with("tick "))
+        .count()
+}
+
+#[test]
+fn pause_stops_the_guest_and_resume_lets_it_go_on() {
+    if !kvm_or_skip("pause_stops_the_guest_and_resume_lets_it_go_on") {
+        return;
+    }
+    let s = Scratch::new("api-pause");
+    let mut ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    configure(&mut c, &s, "ticks nosmp");
+    start(&mut c);
+    ember.wait_for("guest: tick 2", BOOT);
+    assert_eq!(c.get("/").expect(200, "").json()["state"], "Running");
+
+    c.patch("/vm", &json!({"state": "Paused"})).expect(204, "");
+    assert_eq!(c.get("/").json()["state"], "Paused");
+    // A tick already written by the guest may still be in the pipe.
+    std::thread::sleep(Duration::from_millis(100));
+    let paused_at = ticks(&ember);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(ticks(&ember), paused_at, "no progress while paused");
+    // Pausing twice is not an error, as with Firecracker.
+    c.patch("/vm", &json!({"state": "Paused"})).expect(204, "");
+
+    c.patch("/vm", &json!({"state": "Resumed"})).expect(204, "");
+    assert_eq!(c.get("/").json()["state"], "Running");
+    ember.wait_for(&format!("guest: tick {}", paused_at + 2), BOOT);
+    assert_eq!(ember.terminate(), Some(128 + libc::SIGTERM));
+}
+
+#[test]
+fn the_socket_answers_from_its_first_millisecond_until_exit() {
+    if !kvm_or_skip("the_socket_answers_from_its_first_millisecond_until_exit") {
+        return;
+    }
+    let s = Scratch::new("api-first-ms");
+    let started = Instant::now();
+    let mut ember = Ember::start(&s, &[]);
+    let appeared = started.elapsed();
+    // The first connection after the file appears is served at once.
+    let mut c = ember.client();
+    let info = c.get("/").expect(200, "").json();
+    assert_eq!(info["state"], "Not started");
+    assert_eq!(info["id"], "anonymous-instance");
+    eprintln!(
+        "socket after {appeared:?}, first answer after {:?}",
+        started.elapsed()
+    );
+
+    configure(&mut c, &s, "ticks nosmp");
+    start(&mut c);
+    ember.wait_for("guest: tick 0", BOOT);
+    // While the guest runs: new connections and the kept one both answer.
+    for i in 0..50 {
+        let mut fresh = ember.client();
+        assert_eq!(fresh.get("/").status, 200, "request {i}");
+        assert_eq!(c.get("/version").status, 200);
+    }
+    assert_eq!(ember.terminate(), Some(128 + libc::SIGTERM));
+    assert!(!ember.sock.exists(), "the socket file is removed at exit");
+}

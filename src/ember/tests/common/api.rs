@@ -1,0 +1,279 @@
+//! A small HTTP-over-Unix-socket client for Ember's API, and an `ember --api-sock` process
+//! whose output is collected while it runs.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Scratch, EMBER};
+
+/// One HTTP response.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {:?}", self.body))
+    }
+
+    /// The fault message of an error response (panics on anything else).
+    pub fn fault(&self) -> String {
+        self.json()["fault_message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no fault_message in {:?}", self.body))
+            .to_string()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Asserts the status, and that an error carries Firecracker's fault message containing
+    /// `text`; returns the reply for more checks.
+    pub fn expect(self, status: u16, text: &str) -> Reply {
+        assert_eq!(self.status, status, "{self:?}");
+        if status >= 400 {
+            let fault = self.fault();
+            assert!(fault.contains(text), "{fault:?} should contain {text:?}");
+        } else if status == 204 {
+            assert!(self.body.is_empty(), "204 with a body: {self:?}");
+        }
+        self
+    }
+}
+
+/// One connection to the API socket.
+pub struct Client {
+    pub stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(path: &Path) -> Client {
+        let stream = UnixStream::connect(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Client {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).unwrap();
+    }
+
+    pub fn request(&mut self, method: &str, path: &str, body: Option<&str>) -> Reply {
+        let body = body.unwrap_or("");
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(body.as_bytes());
+        self.send_raw(&bytes);
+        self.reply().expect("a response")
+    }
+
+    pub fn get(&mut self, path: &str) -> Reply {
+        self.request("GET", path, None)
+    }
+
+    pub fn put(&mut self, path: &str, body: &serde_json::Value) -> Reply {
+        self.request("PUT", path, Some(&body.to_string()))
+    }
+
+    pub fn patch(&mut self, path: &str, body: &serde_json::Value) -> Reply {
+        self.request("PATCH", path, Some(&body.to_string()))
+    }
+
+    /// Reads one response; None if the server closed the connection first.
+    pub fn reply(&mut self) -> Option<Reply> {
+        loop {
+            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
+                let head = String::from_utf8(self.buf[..end].to_vec()).unwrap();
+                let mut lines = head.split("\r\n");
+                let status = lines.next().unwrap().split(' ').nth(1).unwrap();
+                let headers: Vec<(String, String)> = lines
+                    .map(|l| {
+                        let (n, v) = l.split_once(':').unwrap();
+                        (n.trim().to_string(), v.trim().to_string())
+                    })
+                    .collect();
+                let len: usize = headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+                    .map_or(0, |(_, v)| v.parse().unwrap());
+                if self.buf.len() >= end + 4 + len {
+                    let body =
+                        String::from_utf8(self.buf[end + 4..end + 4 + len].to_vec()).unwrap();
+                    self.buf.drain(..end + 4 + len);
+                    return Some(Reply {
+                        status: status.parse().unwrap(),
+                        headers,
+                        body,
+                    });
+                }
+            }
+            let mut chunk = [0u8; 4096];
+            match self.stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// True if the server has closed this connection (reads end of stream).
+    pub fn is_closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(self.stream.read(&mut b), Ok(0))
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A running `ember --api-sock`; killed when dropped.
+pub struct Ember {
+    pub child: Child,
+    pub sock: PathBuf,
+    stdout: Arc<Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = text.clone();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = from.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    text
+}
+
+impl Ember {
+    /// Starts ember with its socket in `scratch` and `extra` arguments, and waits (up to 5 s)
+    /// for the socket to appear.
+    pub fn start(scratch: &Scratch, extra: &[&str]) -> Ember {
+        let sock = scratch.path("api.sock");
+        let mut child = Command::new(EMBER)
+            .arg("--api-sock")
+            .arg(&sock)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start ember");
+        let stdout = collect(child.stdout.take().unwrap());
+        let stderr = collect(child.stderr.take().unwrap());
+        let ember = Ember {
+            child,
+            sock,
+            stdout,
+            stderr,
+        };
+        let started = Instant::now();
+        while !ember.sock.exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "no API socket; stderr: {}",
+                ember.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ember
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.sock)
+    }
+
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The guest's report lines so far, without the "guest: " prefix.
+    pub fn guest_lines(&self) -> Vec<String> {
+        self.stdout()
+            .lines()
+            .filter_map(|l| l.strip_prefix("guest: "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits until stdout contains `text`; panics with all output after `deadline`.
+    pub fn wait_for(&self, text: &str, deadline: Duration) {
+        let started = Instant::now();
+        while !self.stdout().contains(text) {
+            assert!(
+                started.elapsed() < deadline,
+                "no {text:?} in {deadline:?}\nstdout:\n{}\nstderr:\n{}",
+                self.stdout(),
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits for ember to exit; its status, or None after `deadline`.
+    pub fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
+        let started = Instant::now();
+        while started.elapsed() < deadline {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                // Let the readers drain the pipes.
+                std::thread::sleep(Duration::from_millis(50));
+                return s.code();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        None
+    }
+
+    pub fn terminate(&mut self) -> Option<i32> {
+        // SAFETY: kill(2) on our own child's pid; it cannot affect memory.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.wait_exit(Duration::from_secs(10))
+    }
+
+    /// ember's resident memory in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for Ember {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
