@@ -198,7 +198,9 @@ pub fn parse_json_in<'a, T: Deserialize<'a>>(
             (Some(s), p) => format!("{s}.{p}"),
             (None, p) => p.to_string(),
         };
-        if path == "." || inner.is_syntax() || inner.is_eof() {
+        // The path says where parsing stopped, which helps even for a syntax error (an enum
+        // given a number is one), except at the very end of the text.
+        if path == "." || path.is_empty() || inner.is_eof() {
             ConfigError::Json(inner.to_string())
         } else {
             ConfigError::Json(format!("{path}: {inner}"))

@@ -1,0 +1,392 @@
+//! Every path and method of Firecracker's API file against a real ember: a good request, a
+//! wrong type, a missing required field, an unknown field, each before and after boot,
+//! checked for Firecracker's status and fault message.
+
+mod common;
+
+use common::api::{Client, Ember};
+use common::*;
+use serde_json::{json, Value};
+
+/// One path and method with a body.
+struct Case {
+    method: &'static str,
+    path: &'static str,
+    good: Value,
+    /// (body, what the fault message says)
+    wrong_type: (Value, &'static str),
+    missing: (Value, &'static str),
+    unknown: Value,
+    /// What the good request gets before boot, and after: (status, fault text).
+    before: (u16, &'static str),
+    after: (u16, &'static str),
+}
+
+const POST_BOOT: &str = "The requested operation is not supported after starting the microVM.";
+const PRE_BOOT: &str = "The requested operation is not supported before starting the microVM.";
+
+fn cases(kernel: &str, disk: &str) -> Vec<Case> {
+    vec![
+        Case {
+            method: "PUT",
+            path: "/machine-config",
+            good: json!({"vcpu_count": 1, "mem_size_mib": 32}),
+            wrong_type: (
+                json!({"vcpu_count": "1", "mem_size_mib": 32}),
+                "machine-config.vcpu_count: invalid type: string \"1\", expected u8",
+            ),
+            missing: (json!({"vcpu_count": 1}), "missing field `mem_size_mib`"),
+            unknown: json!({"vcpu_count": 1, "mem_size_mib": 32, "vcpus": 2}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PATCH",
+            path: "/machine-config",
+            good: json!({"mem_size_mib": 48}),
+            wrong_type: (json!({"smt": "yes"}), "machine-config.smt: invalid type"),
+            // No field is required; an empty update is refused, as by Firecracker.
+            missing: (json!({}), "Empty PATCH request."),
+            unknown: json!({"memory": 48}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PUT",
+            path: "/boot-source",
+            good: json!({"kernel_image_path": kernel, "boot_args": "hang nosmp"}),
+            wrong_type: (
+                json!({"kernel_image_path": 5}),
+                "boot-source.kernel_image_path: invalid type: integer `5`, expected a string",
+            ),
+            missing: (
+                json!({"boot_args": "x"}),
+                "missing field `kernel_image_path`",
+            ),
+            unknown: json!({"kernel_image_path": kernel, "cmdline": "x"}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PUT",
+            path: "/drives/rootfs",
+            good: json!({"drive_id": "rootfs", "path_on_host": disk, "is_root_device": true}),
+            wrong_type: (
+                json!({"drive_id": "rootfs", "path_on_host": disk, "is_root_device": "yes"}),
+                "drives.is_root_device: invalid type",
+            ),
+            missing: (
+                json!({"drive_id": "rootfs", "path_on_host": disk}),
+                "missing field `is_root_device`",
+            ),
+            unknown: json!({"drive_id": "rootfs", "path_on_host": disk, "is_root_device": true, "rate": 1}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PATCH",
+            path: "/drives/rootfs",
+            good: json!({"drive_id": "rootfs", "path_on_host": disk}),
+            wrong_type: (
+                json!({"drive_id": "rootfs", "path_on_host": 7}),
+                "drives.path_on_host: invalid type",
+            ),
+            missing: (json!({"path_on_host": disk}), "missing field `drive_id`"),
+            unknown: json!({"drive_id": "rootfs", "is_read_only": true}),
+            before: (400, PRE_BOOT),
+            after: (
+                400,
+                "changing a drive after boot (PATCH /drives) is not available",
+            ),
+        },
+        Case {
+            method: "PUT",
+            path: "/actions",
+            good: json!({"action_type": "FlushMetrics"}),
+            wrong_type: (
+                json!({"action_type": 5}),
+                "actions.action_type: expected value",
+            ),
+            missing: (json!({}), "missing field `action_type`"),
+            unknown: json!({"action_type": "FlushMetrics", "when": "now"}),
+            before: (400, PRE_BOOT),
+            after: (204, ""),
+        },
+        Case {
+            method: "PUT",
+            path: "/actions",
+            good: json!({"action_type": "SendCtrlAltDel"}),
+            wrong_type: (
+                json!({"action_type": "Reboot"}),
+                "actions.action_type: unknown variant `Reboot`",
+            ),
+            missing: (json!({"payload": "x"}), "missing field `action_type`"),
+            unknown: json!({"action_type": "SendCtrlAltDel", "keys": 3}),
+            before: (400, PRE_BOOT),
+            after: (204, ""),
+        },
+        Case {
+            method: "PATCH",
+            path: "/vm",
+            good: json!({"state": "Resumed"}),
+            wrong_type: (json!({"state": 1}), "vm.state: expected value"),
+            missing: (json!({}), "missing field `state`"),
+            unknown: json!({"state": "Paused", "now": true}),
+            before: (400, PRE_BOOT),
+            after: (204, ""),
+        },
+    ]
+}
+
+fn send(c: &mut Client, method: &str, path: &str, body: &Value) -> common::api::Reply {
+    c.request(method, path, Some(&body.to_string()))
+}
+
+/// The bad bodies get 400 whatever the VM's state: Firecracker parses before it checks.
+fn check_bad_bodies(c: &mut Client, case: &Case, when: &str) {
+    let ctx = format!("{} {} {when}", case.method, case.path);
+    let r = send(c, case.method, case.path, &case.wrong_type.0);
+    assert_eq!(r.status, 400, "{ctx} wrong type: {r:?}");
+    assert!(
+        r.fault().contains(case.wrong_type.1),
+        "{ctx}: {}",
+        r.fault()
+    );
+    let r = send(c, case.method, case.path, &case.missing.0);
+    assert_eq!(r.status, 400, "{ctx} missing: {r:?}");
+    assert!(r.fault().contains(case.missing.1), "{ctx}: {}", r.fault());
+    let r = send(c, case.method, case.path, &case.unknown);
+    assert_eq!(r.status, 400, "{ctx} unknown: {r:?}");
+    assert!(r.fault().contains("unknown field"), "{ctx}: {}", r.fault());
+}
+
+fn check_good(c: &mut Client, case: &Case, (status, text): (u16, &str), when: &str) {
+    let r = send(c, case.method, case.path, &case.good);
+    assert_eq!(
+        r.status, status,
+        "{} {} {when}: {r:?}",
+        case.method, case.path
+    );
+    if status == 204 {
+        assert!(r.body.is_empty());
+    } else {
+        assert!(
+            r.fault().contains(text),
+            "{} {when}: {}",
+            case.path,
+            r.fault()
+        );
+    }
+}
+
+#[test]
+fn every_path_with_a_body_before_and_after_boot() {
+    if !kvm_or_skip("every_path_with_a_body_before_and_after_boot") {
+        return;
+    }
+    let s = Scratch::new("conformance");
+    let disk = s.file("root.img", &noise(64 << 10, 2));
+    let ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let cases = cases(test_guest::PVH_ELF, &disk);
+
+    // Before boot.
+    let info = c.get("/").expect(200, "").json();
+    assert_eq!(info["state"], "Not started");
+    assert_eq!(info["app_name"], "Ember");
+    assert!(info["vmm_version"].is_string() && info["id"].is_string());
+    let machine = c.get("/machine-config").expect(200, "").json();
+    assert_eq!(
+        machine,
+        json!({"vcpu_count": 1, "mem_size_mib": 128, "smt": false,
+               "track_dirty_pages": false, "huge_pages": "None"}),
+        "Firecracker's defaults"
+    );
+    for case in &cases {
+        check_bad_bodies(&mut c, case, "before boot");
+        check_good(&mut c, case, case.before, "before boot");
+    }
+    // PUT replaced the machine config and PATCH changed only the memory.
+    let machine = c.get("/machine-config").json();
+    assert_eq!(
+        (
+            machine["vcpu_count"].clone(),
+            machine["mem_size_mib"].clone()
+        ),
+        (json!(1), json!(48))
+    );
+    let config = c.get("/vm/config").expect(200, "").json();
+    assert_eq!(config["machine-config"], machine);
+    assert_eq!(config["drives"][0]["path_on_host"], disk.as_str());
+
+    c.put("/actions", &json!({"action_type": "InstanceStart"}))
+        .expect(204, "");
+    ember.wait_for("guest: hanging", std::time::Duration::from_secs(30));
+
+    // After boot.
+    assert_eq!(c.get("/").json()["state"], "Running");
+    for case in &cases {
+        check_bad_bodies(&mut c, case, "after boot");
+        check_good(&mut c, case, case.after, "after boot");
+    }
+    c.put("/actions", &json!({"action_type": "InstanceStart"}))
+        .expect(400, POST_BOOT);
+    assert_eq!(
+        c.get("/machine-config").json(),
+        machine,
+        "nothing changed after boot"
+    );
+    assert_eq!(c.get("/vm/config").json(), config);
+    assert_eq!(
+        c.get("/version").expect(200, "").json()["firecracker_version"],
+        "1.16.1"
+    );
+}
+
+#[test]
+fn gets_refuse_bodies_and_puts_need_them() {
+    let s = Scratch::new("conformance-bodies");
+    let ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    for path in ["/", "/version", "/machine-config", "/vm/config"] {
+        assert_eq!(c.get(path).status, 200, "{path}");
+        c.request("GET", path, Some("{}"))
+            .expect(400, "GET request cannot have a body.");
+    }
+    for path in [
+        "/boot-source",
+        "/drives/rootfs",
+        "/actions",
+        "/machine-config",
+    ] {
+        c.request("PUT", path, None)
+            .expect(400, "Empty PUT request.");
+    }
+    for path in ["/vm", "/machine-config", "/drives/rootfs"] {
+        c.request("PATCH", path, None)
+            .expect(400, "Empty PATCH request.");
+    }
+}
+
+#[test]
+fn drive_ids_in_the_path_follow_firecracker() {
+    let s = Scratch::new("conformance-ids");
+    let disk = s.file("d.img", &[0u8; 4096]);
+    let ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let body = |id: &str| json!({"drive_id": id, "path_on_host": disk, "is_root_device": false});
+    c.put("/drives/a", &body("b")).expect(
+        400,
+        "The id from the path does not match the id from the body!",
+    );
+    c.put("/drives/bad-id", &body("bad-id"))
+        .expect(400, "letters, digits and '_' only");
+    c.put("/drives/data", &body("data")).expect(204, "");
+    // PUT again replaces it, as before boot in Firecracker.
+    c.put("/drives/data", &json!({"drive_id": "data", "path_on_host": disk, "is_root_device": false, "is_read_only": true}))
+        .expect(204, "");
+    let config = c.get("/vm/config").json();
+    assert_eq!(config["drives"].as_array().unwrap().len(), 1);
+    assert_eq!(config["drives"][0]["is_read_only"], true);
+    c.put(
+        "/drives/x",
+        &json!({"drive_id": "x", "path_on_host": "/nonexistent/x.img", "is_root_device": false}),
+    )
+    .expect(400, "cannot read the disk image /nonexistent/x.img");
+    c.patch("/drives/nope", &json!({"drive_id": "nope"}))
+        .expect(400, PRE_BOOT);
+}
+
+#[test]
+fn unknown_paths_wrong_methods_and_later_features() {
+    let s = Scratch::new("conformance-paths");
+    let ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let r = c.get("/no/such/path").expect(
+        404,
+        "Invalid request method and/or path: GET /no/such/path.",
+    );
+    assert!(r
+        .header("Content-Type")
+        .unwrap()
+        .contains("application/json"));
+    for (method, path, allow) in [
+        ("POST", "/actions", "PUT"),
+        ("DELETE", "/drives/rootfs", "PUT, PATCH"),
+        ("PUT", "/", "GET"),
+        ("GET", "/vm", "PATCH"),
+        ("PATCH", "/boot-source", "PUT"),
+    ] {
+        let r = c
+            .request(method, path, Some("{}"))
+            .expect(405, "Invalid request method and/or path");
+        assert_eq!(r.header("Allow"), Some(allow), "{method} {path}");
+    }
+    // Paths of features Ember does not have yet: 400 naming the feature.
+    for (method, path, feature) in [
+        ("PUT", "/network-interfaces/eth0", "network interfaces"),
+        ("PATCH", "/network-interfaces/eth0", "network interfaces"),
+        ("PUT", "/mmds", "metadata service (MMDS)"),
+        ("GET", "/mmds", "metadata service (MMDS)"),
+        ("PUT", "/mmds/config", "metadata service (MMDS)"),
+        ("PUT", "/vsock", "vsock device"),
+        ("PUT", "/entropy", "entropy device"),
+        ("PUT", "/balloon", "balloon device"),
+        ("GET", "/balloon/statistics", "balloon device"),
+        ("PATCH", "/balloon/hinting/start", "balloon device"),
+        ("PUT", "/logger", "PUT /logger"),
+        ("PUT", "/metrics", "metrics"),
+        ("PUT", "/snapshot/create", "snapshots"),
+        ("PUT", "/snapshot/load", "snapshots"),
+        ("PUT", "/cpu-config", "custom CPU templates"),
+        ("PUT", "/pmem/p0", "virtio-pmem"),
+        ("GET", "/hotplug/memory", "memory hotplug"),
+        ("PUT", "/serial", "serial console"),
+    ] {
+        let body = (method != "GET").then_some("{}");
+        let r = c.request(method, path, body).expect(400, feature);
+        assert!(r.fault().contains("Ember"), "{path}: {}", r.fault());
+    }
+    // The connection survived all of it.
+    assert_eq!(c.get("/").status, 200);
+}
+
+#[test]
+fn the_same_mistake_gets_the_same_sentence_from_the_api_and_a_config_file() {
+    let s = Scratch::new("conformance-same");
+    let ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let kernel = s.file("k", b"x");
+    for (section, body) in [
+        (
+            "machine-config",
+            json!({"vcpu_count": 0, "mem_size_mib": 64}),
+        ),
+        (
+            "machine-config",
+            json!({"vcpu_count": 3, "mem_size_mib": 64, "smt": true}),
+        ),
+        (
+            "machine-config",
+            json!({"vcpu_count": 1, "mem_size_mib": 64, "huge_pages": "2M"}),
+        ),
+        (
+            "boot-source",
+            json!({"kernel_image_path": "/nonexistent/vmlinux"}),
+        ),
+    ] {
+        let api = c.put(&format!("/{section}"), &body);
+        assert_eq!(api.status, 400);
+        let mut file = json!({"boot-source": {"kernel_image_path": kernel}});
+        file[section] = body.clone();
+        let run = common::run_config(&s, &file);
+        assert_eq!(run.status, Some(1));
+        let cli = run
+            .stderr
+            .trim()
+            .strip_prefix("ember: ")
+            .unwrap()
+            .to_string();
+        assert_eq!(api.fault(), cli, "{section} {body}");
+    }
+}
