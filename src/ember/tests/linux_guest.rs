@@ -3,52 +3,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-
+use common::linux::*;
 use common::*;
 use serde_json::json;
-
-const BASE_ARGS: &str =
-    "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
-
-/// A Linux boot takes under a second on hardware virtualisation and about a minute on kvm_pvm.
-const LINUX_DEADLINE: std::time::Duration = std::time::Duration::from_secs(600);
-
-struct Images {
-    dir: PathBuf,
-}
-
-impl Images {
-    fn file(&self, name: &str) -> String {
-        self.dir.join(name).to_string_lossy().into_owned()
-    }
-}
-
-/// The guest images, or None after printing why this test cannot run here.
-fn linux_or_skip(test: &str) -> Option<Images> {
-    if !kvm_or_skip(test) {
-        return None;
-    }
-    let dir = match std::env::var_os("EMBER_GUEST_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../guest/build.sh");
-            let out = std::process::Command::new(script)
-                .arg("--dir")
-                .output()
-                .expect("run guest/build.sh --dir");
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
-    if !dir.join("done").exists() {
-        skip(
-            test,
-            "the Linux guest images are not built; run guest/build.sh",
-        );
-        return None;
-    }
-    Some(Images { dir })
-}
 
 fn boot(
     img: &Images,
@@ -92,18 +49,6 @@ fn report(run: &Run, key: &str) -> String {
         .unwrap()
         .trim()
         .to_string()
-}
-
-/// The lines the test command printed.
-fn command_output(run: &Run) -> Vec<String> {
-    let out = &run.stdout;
-    let start = out.find("EMBER-CMD-BEGIN").expect("command ran") + "EMBER-CMD-BEGIN".len();
-    let end = out.find("EMBER-CMD-END").expect("command ended");
-    out[start..end]
-        .lines()
-        .map(|l| l.trim().to_string())
-        .filter(|l| !l.is_empty())
-        .collect()
 }
 
 #[test]

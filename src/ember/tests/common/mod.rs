@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod api;
+pub mod linux;
 
 pub const EMBER: &str = env!("CARGO_BIN_EXE_ember");
 

@@ -1,0 +1,132 @@
+//! The REST API with the Linux guest: configured and started through the socket, its
+//! configuration replayed as a config file, Ctrl+Alt+Del seen by the guest's keyboard
+//! driver, and pause/resume of a running Linux.
+
+mod common;
+
+use std::time::Duration;
+
+use common::api::{Client, Ember};
+use common::linux::*;
+use common::*;
+use serde_json::json;
+
+/// The guest opens its keyboard's event device, says so, then prints every key event it gets
+/// in the second after the first one. (No double quotes: the kernel command line cannot hold
+/// them inside a value.)
+const READ_KEYS: &str = r#"ember_cmd="exec 3</dev/input/event0; echo ember-keyboard-ready; (dd bs=24 count=1 <&3; sleep 1; dd bs=4096 count=1 <&3) 2>/dev/null | od -An -v -tu2 -w24 | while read s1 s2 s3 s4 u1 u2 u3 u4 t c v w; do [ $t = 1 ] && echo ember-key code=$c value=$v; done""#;
+
+fn configure(c: &mut Client, img: &Images, s: &Scratch, cmd: &str) {
+    let root = s.path("rootfs.ext4");
+    std::fs::copy(img.file("rootfs.ext4"), &root).unwrap();
+    let data = s.file("data.img", &vec![0u8; 1 << 20]);
+    c.put(
+        "/machine-config",
+        &json!({"vcpu_count": 2, "mem_size_mib": 256}),
+    )
+    .expect(204, "");
+    c.put(
+        "/boot-source",
+        &json!({"kernel_image_path": img.file("vmlinux"), "boot_args": format!("{BASE_ARGS} {cmd}")}),
+    )
+    .expect(204, "");
+    c.put(
+        "/drives/rootfs",
+        &json!({"drive_id": "rootfs", "path_on_host": root, "is_root_device": true}),
+    )
+    .expect(204, "");
+    c.put(
+        "/drives/data",
+        &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false}),
+    )
+    .expect(204, "");
+}
+
+/// Sends Ctrl+Alt+Del once the guest listens, and returns the key events it printed.
+fn press_ctrl_alt_del(ember: &mut Ember, c: &mut Client) -> Vec<String> {
+    // At a line start: the kernel echoes its command line, which holds the same words.
+    ember.wait_for("\nember-keyboard-ready", LINUX_DEADLINE);
+    c.put("/actions", &json!({"action_type": "SendCtrlAltDel"}))
+        .expect(204, "");
+    assert_eq!(
+        ember.wait_exit(LINUX_DEADLINE),
+        Some(0),
+        "{}",
+        ember.stdout()
+    );
+    ember
+        .stdout()
+        .lines()
+        .filter(|l| l.starts_with("ember-key "))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
+    let test = "linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays";
+    let Some(img) = linux_or_skip(test) else {
+        return;
+    };
+    let s = Scratch::new("linux-api");
+    let mut ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    configure(&mut c, &img, &s, READ_KEYS);
+    c.put("/actions", &json!({"action_type": "InstanceStart"}))
+        .expect(204, "");
+    ember.wait_for("ember-linux: cpus=2 ", LINUX_DEADLINE);
+    let config = c.get("/vm/config").expect(200, "").json();
+    assert_eq!(config["machine-config"]["mem_size_mib"], 256);
+    assert_eq!(config["drives"].as_array().unwrap().len(), 2);
+
+    let keys = press_ctrl_alt_del(&mut ember, &mut c);
+    // Left Ctrl (29), left Alt (56) and Delete (111) pressed (1), then released (0).
+    assert_eq!(
+        keys,
+        [
+            "ember-key code=29 value=1",
+            "ember-key code=56 value=1",
+            "ember-key code=111 value=1",
+            "ember-key code=111 value=0",
+            "ember-key code=56 value=0",
+            "ember-key code=29 value=0",
+        ],
+        "{}",
+        ember.stdout()
+    );
+
+    // The saved configuration boots the same guest.
+    let s2 = Scratch::new("linux-api-replay");
+    let saved = s2.file("saved.json", config.to_string().as_bytes());
+    let mut second = Ember::start(&s2, &["--config-file", &saved]);
+    let mut c2 = second.client();
+    second.wait_for("ember-linux: cpus=2 ", LINUX_DEADLINE);
+    assert_eq!(press_ctrl_alt_del(&mut second, &mut c2), keys);
+}
+
+#[test]
+fn a_paused_linux_makes_no_progress_until_resumed() {
+    let Some(img) = linux_or_skip("a_paused_linux_makes_no_progress_until_resumed") else {
+        return;
+    };
+    let s = Scratch::new("linux-pause");
+    let mut ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let cmd = r#"ember_cmd="i=0; while [ $i -lt 100000 ]; do echo ember-tick $i; i=$((i+1)); sleep 1; done""#;
+    configure(&mut c, &img, &s, cmd);
+    c.put("/actions", &json!({"action_type": "InstanceStart"}))
+        .expect(204, "");
+    ember.wait_for("ember-tick 2", LINUX_DEADLINE);
+    let count = |e: &Ember| e.stdout().matches("\nember-tick ").count();
+
+    c.patch("/vm", &json!({"state": "Paused"})).expect(204, "");
+    std::thread::sleep(Duration::from_millis(200));
+    let paused_at = count(&ember);
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(count(&ember), paused_at, "no ticks while paused");
+    assert_eq!(c.get("/").json()["state"], "Paused");
+
+    c.patch("/vm", &json!({"state": "Resumed"})).expect(204, "");
+    ember.wait_for(&format!("ember-tick {}", paused_at + 1), LINUX_DEADLINE);
+    assert_eq!(ember.terminate(), Some(128 + libc::SIGTERM));
+}
