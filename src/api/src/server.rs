@@ -37,18 +37,38 @@ pub enum Error {
     Setup(#[source] std::io::Error),
 }
 
-/// Creates the listening socket; the caller removes the file when ember exits.
+/// Creates the listening socket; the caller removes the file when ember exits. The socket is
+/// bound and listening under a temporary name first and then linked into place, so that a
+/// client that sees the file can connect at once (a client that waits for the file, as
+/// Firecracker's do, never gets ECONNREFUSED), and an existing file is never replaced.
 pub fn bind(path: &Path) -> Result<UnixListener, Error> {
-    UnixListener::bind(path).map_err(|source| {
-        if source.kind() == ErrorKind::AddrInUse {
-            Error::InUse(path.display().to_string())
+    let shown = || path.display().to_string();
+    let in_use = |source: std::io::Error| {
+        if source.kind() == ErrorKind::AlreadyExists || source.kind() == ErrorKind::AddrInUse {
+            Error::InUse(shown())
         } else {
             Error::Bind {
-                path: path.display().to_string(),
+                path: shown(),
                 source,
             }
         }
-    })
+    };
+    let mut staging = path.as_os_str().to_owned();
+    staging.push(format!(".{}.tmp", std::process::id()));
+    let staging = std::path::PathBuf::from(staging);
+    let _ = std::fs::remove_file(&staging);
+    let listener = match UnixListener::bind(&staging) {
+        Ok(listener) => listener,
+        // The longer name does not fit a socket address: bind in place instead.
+        Err(e) if e.kind() == ErrorKind::InvalidInput => {
+            return UnixListener::bind(path).map_err(in_use)
+        }
+        Err(source) => return Err(in_use(source)),
+    };
+    let linked = std::fs::hard_link(&staging, path);
+    let _ = std::fs::remove_file(&staging);
+    linked.map_err(in_use)?;
+    Ok(listener)
 }
 
 struct Connection {
