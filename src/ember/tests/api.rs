@@ -17,31 +17,11 @@ const BOOT: Duration = Duration::from_secs(30);
 fn configure(c: &mut Client, s: &Scratch, args: &str) {
     let root = s.file("root.img", &noise(64 << 10, 1));
     let data = s.file("data.img", &vec![0u8; 128 << 10]);
-    c.put(
-        "/machine-config",
+    c.configure(
         &json!({"vcpu_count": 2, "mem_size_mib": 64}),
-    )
-    .expect(204, "");
-    c.put(
-        "/boot-source",
         &json!({"kernel_image_path": KERNEL, "boot_args": args}),
-    )
-    .expect(204, "");
-    c.put(
-        "/drives/rootfs",
-        &json!({"drive_id": "rootfs", "path_on_host": root, "is_root_device": true}),
-    )
-    .expect(204, "");
-    c.put(
-        "/drives/data",
-        &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false}),
-    )
-    .expect(204, "");
-}
-
-fn start(c: &mut Client) {
-    c.put("/actions", &json!({"action_type": "InstanceStart"}))
-        .expect(204, "");
+        &[("rootfs", &root, true), ("data", &data, false)],
+    );
 }
 
 /// The guest lines that describe the machine (not the keys it was sent).
@@ -62,7 +42,7 @@ fn a_guest_configured_through_the_api_boots_and_its_config_replays() {
     let mut first = Ember::start(&s, &[]);
     let mut c = first.client();
     configure(&mut c, &s, "keyboard");
-    start(&mut c);
+    c.instance_start();
     first.wait_for("guest: keyboard waiting", BOOT);
     let lines = first.guest_lines();
     assert!(lines.contains(&"smp online=2".to_string()), "{lines:?}");
@@ -147,7 +127,7 @@ fn pause_stops_the_guest_and_resume_lets_it_go_on() {
     let mut ember = Ember::start(&s, &[]);
     let mut c = ember.client();
     configure(&mut c, &s, "ticks nosmp");
-    start(&mut c);
+    c.instance_start();
     ember.wait_for("guest: tick 2", BOOT);
     assert_eq!(c.get("/").expect(200, "").json()["state"], "Running");
 
@@ -187,7 +167,7 @@ fn the_socket_answers_from_its_first_millisecond_until_exit() {
     );
 
     configure(&mut c, &s, "ticks nosmp");
-    start(&mut c);
+    c.instance_start();
     ember.wait_for("guest: tick 0", BOOT);
     // While the guest runs: new connections and the kept one both answer.
     for i in 0..50 {

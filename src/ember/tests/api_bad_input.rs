@@ -133,39 +133,29 @@ fn hostile_bodies_get_a_fault_message() {
     );
     c.request("PUT", "/drives/d", Some(&deep_field))
         .expect(400, "recursion limit exceeded");
-    c.request(
-        "PUT",
-        "/machine-config",
-        Some(r#"{"vcpu_count": 99999999999999999999, "mem_size_mib": 1}"#),
-    )
-    .expect(400, "machine-config.vcpu_count");
-    c.request(
-        "PUT",
-        "/machine-config",
-        Some(r#"{"vcpu_count": 300, "mem_size_mib": 1}"#),
-    )
-    .expect(400, "expected u8");
-    c.request(
-        "PUT",
-        "/machine-config",
-        Some(r#"{"vcpu_count": 1, "mem_size_mib": 18446744073709551615}"#),
-    )
-    .expect(400, "larger than a 64-bit address space");
-    c.request(
-        "PUT",
-        "/machine-config",
-        Some(r#"{"vcpu_count": 1, "mem_size_mib": -1}"#),
-    )
-    .expect(400, "machine-config.mem_size_mib: invalid value");
-    c.request(
-        "PUT",
-        "/machine-config",
-        Some(r#"{"vcpu_count": 1.5, "mem_size_mib": 1}"#),
-    )
-    .expect(
-        400,
-        "machine-config.vcpu_count: invalid type: floating point",
-    );
+    // Numbers that overflow their fields, or are not whole.
+    for (body, fault) in [
+        (
+            r#"{"vcpu_count": 99999999999999999999, "mem_size_mib": 1}"#,
+            "machine-config.vcpu_count",
+        ),
+        (r#"{"vcpu_count": 300, "mem_size_mib": 1}"#, "expected u8"),
+        (
+            r#"{"vcpu_count": 1, "mem_size_mib": 18446744073709551615}"#,
+            "larger than a 64-bit address space",
+        ),
+        (
+            r#"{"vcpu_count": 1, "mem_size_mib": -1}"#,
+            "machine-config.mem_size_mib: invalid value",
+        ),
+        (
+            r#"{"vcpu_count": 1.5, "mem_size_mib": 1}"#,
+            "machine-config.vcpu_count: invalid type: floating point",
+        ),
+    ] {
+        c.request("PUT", "/machine-config", Some(body))
+            .expect(400, fault);
+    }
     // Invalid UTF-8 in the body.
     let mut bytes = b"PUT /boot-source HTTP/1.1\r\nContent-Length: 4\r\n\r\n".to_vec();
     bytes.extend([0xff, 0xfe, 0xfd, 0xfc]);
@@ -177,6 +167,20 @@ fn hostile_bodies_get_a_fault_message() {
         Some("{\"kernel_image_path\": \"/a\\u0000b\"}"),
     )
     .expect(400, "cannot read the kernel image");
+    // A FIFO is refused at once instead of holding the VMM thread until a writer comes.
+    let fifo = s.path("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    c.put(
+        "/drives/f",
+        &json!({"drive_id": "f", "path_on_host": fifo, "is_root_device": false}),
+    )
+    .expect(400, "not a regular file or a block device");
+    c.put("/boot-source", &json!({"kernel_image_path": "/dev/null"}))
+        .expect(400, "not a regular file or a block device");
     // All on one connection, which is still good.
     assert_eq!(c.get("/").status, 200);
 }

@@ -219,8 +219,7 @@ fn every_path_with_a_body_before_and_after_boot() {
     assert_eq!(config["machine-config"], machine);
     assert_eq!(config["drives"][0]["path_on_host"], disk.as_str());
 
-    c.put("/actions", &json!({"action_type": "InstanceStart"}))
-        .expect(204, "");
+    c.instance_start();
     ember.wait_for("guest: hanging", std::time::Duration::from_secs(30));
 
     // After boot.

@@ -20,26 +20,11 @@ fn configure(c: &mut Client, img: &Images, s: &Scratch, cmd: &str) {
     let root = s.path("rootfs.ext4");
     std::fs::copy(img.file("rootfs.ext4"), &root).unwrap();
     let data = s.file("data.img", &vec![0u8; 1 << 20]);
-    c.put(
-        "/machine-config",
+    c.configure(
         &json!({"vcpu_count": 2, "mem_size_mib": 256}),
-    )
-    .expect(204, "");
-    c.put(
-        "/boot-source",
         &json!({"kernel_image_path": img.file("vmlinux"), "boot_args": format!("{BASE_ARGS} {cmd}")}),
-    )
-    .expect(204, "");
-    c.put(
-        "/drives/rootfs",
-        &json!({"drive_id": "rootfs", "path_on_host": root, "is_root_device": true}),
-    )
-    .expect(204, "");
-    c.put(
-        "/drives/data",
-        &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false}),
-    )
-    .expect(204, "");
+        &[("rootfs", root.to_str().unwrap(), true), ("data", &data, false)],
+    );
 }
 
 /// Sends Ctrl+Alt+Del once the guest listens, and returns the key events it printed.
@@ -72,8 +57,7 @@ fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
     let mut ember = Ember::start(&s, &[]);
     let mut c = ember.client();
     configure(&mut c, &img, &s, READ_KEYS);
-    c.put("/actions", &json!({"action_type": "InstanceStart"}))
-        .expect(204, "");
+    c.instance_start();
     ember.wait_for("ember-linux: cpus=2 ", LINUX_DEADLINE);
     let config = c.get("/vm/config").expect(200, "").json();
     assert_eq!(config["machine-config"]["mem_size_mib"], 256);
@@ -114,8 +98,7 @@ fn a_paused_linux_makes_no_progress_until_resumed() {
     let mut c = ember.client();
     let cmd = r#"ember_cmd="i=0; while [ $i -lt 100000 ]; do echo ember-tick $i; i=$((i+1)); sleep 1; done""#;
     configure(&mut c, &img, &s, cmd);
-    c.put("/actions", &json!({"action_type": "InstanceStart"}))
-        .expect(204, "");
+    c.instance_start();
     ember.wait_for("ember-tick 2", LINUX_DEADLINE);
     let count = |e: &Ember| e.stdout().matches("\nember-tick ").count();
 

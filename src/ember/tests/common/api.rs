@@ -99,6 +99,31 @@ impl Client {
         self.request("PATCH", path, Some(&body.to_string()))
     }
 
+    /// Configures a whole microVM: machine, boot source and drives (id, path, is_root),
+    /// each answered 204.
+    pub fn configure(
+        &mut self,
+        machine: &serde_json::Value,
+        boot: &serde_json::Value,
+        drives: &[(&str, &str, bool)],
+    ) {
+        self.put("/machine-config", machine).expect(204, "");
+        self.put("/boot-source", boot).expect(204, "");
+        for (id, path, root) in drives {
+            let body =
+                serde_json::json!({"drive_id": id, "path_on_host": path, "is_root_device": root});
+            self.put(&format!("/drives/{id}"), &body).expect(204, "");
+        }
+    }
+
+    pub fn instance_start(&mut self) {
+        self.put(
+            "/actions",
+            &serde_json::json!({"action_type": "InstanceStart"}),
+        )
+        .expect(204, "");
+    }
+
     /// Reads one response; None if the server closed the connection first.
     pub fn reply(&mut self) -> Option<Reply> {
         loop {

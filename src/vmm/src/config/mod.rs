@@ -212,15 +212,24 @@ pub fn parse_json_in<'a, T: Deserialize<'a>>(
 
 /// Checks that a file named in the configuration can be opened for reading.
 pub(crate) fn check_readable(what: &'static str, path: &str) -> Result<(), ConfigError> {
-    std::fs::File::open(path)
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and hold up the VMM
+    // thread (and every API request behind it) for as long as none comes.
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
         .and_then(|f| {
-            if f.metadata()?.is_dir() {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    "it is a directory",
-                ))
-            } else {
+            let kind = f.metadata()?.file_type();
+            if kind.is_file() || kind.is_block_device() {
                 Ok(())
+            } else {
+                let what = if kind.is_dir() {
+                    "it is a directory"
+                } else {
+                    "it is not a regular file or a block device"
+                };
+                Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, what))
             }
         })
         .map_err(|source| ConfigError::Unreadable {
