@@ -2,7 +2,8 @@
 //! and routes requests; only the VMM thread ([`crate::controller`]) acts on them. Requests go
 //! through a channel, with an eventfd that wakes the VMM thread's event loop.
 
-use std::sync::mpsc::{self, Receiver, RecvError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvError, Sender, TryRecvError};
+use std::time::Duration;
 
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
@@ -11,6 +12,9 @@ use crate::config::{
     BootSourceConfig, ConfigError, DriveConfig, Later, MachineConfig, MachineConfigUpdate,
     PartialDrive, VmConfig,
 };
+
+/// How long the API thread busy-waits for an answer before it sleeps.
+const REPLY_SPIN: Duration = Duration::from_micros(200);
 
 /// One request, already parsed into Ember's configuration model.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,6 +121,16 @@ impl ApiSide {
     pub fn call(&self, action: VmmAction) -> Result<ActionResult, RecvError> {
         self.to_vmm.send(action).map_err(|_| RecvError)?;
         let _ = self.wake.write(1);
+        // Most answers take the VMM thread microseconds; waiting for them on this CPU saves
+        // a sleep and a wake-up (tens of microseconds on a virtual machine) per request.
+        let spin_until = std::time::Instant::now() + REPLY_SPIN;
+        while std::time::Instant::now() < spin_until {
+            match self.from_vmm.try_recv() {
+                Ok(result) => return Ok(result),
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+                Err(TryRecvError::Disconnected) => return Err(RecvError),
+            }
+        }
         self.from_vmm.recv()
     }
 }
