@@ -3,6 +3,7 @@
 //! API's requests with Firecracker's pre-boot and post-boot rules.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, SubscriberOps};
 
@@ -12,6 +13,9 @@ use crate::microvm::MicroVm;
 use crate::resources::VmResources;
 use crate::rpc::{self, ActionError, ActionResult, InstanceInfo, VmmAction, VmmData, VmmSide};
 use crate::{ExitSignal, VmExit};
+
+/// How long the VMM thread polls for the next request after answering one.
+const API_POLL: Duration = Duration::from_micros(200);
 
 /// The Firecracker API version whose paths and bodies Ember serves (`GET /version`).
 pub const FIRECRACKER_API_VERSION: &str = "1.16.1";
@@ -91,6 +95,7 @@ impl Controller {
 
     /// Runs the event loop until the VM stops (or, before boot, until a signal); returns why.
     pub fn run(mut self) -> VmExit {
+        let mut poll_until = None;
         loop {
             if let Some(reason) = self.exit.reason() {
                 if let Some(vm) = &self.vm {
@@ -98,20 +103,33 @@ impl Controller {
                 }
                 return reason;
             }
-            if let Err(e) = self.event_manager.run() {
+            // Right after a request, poll instead of sleeping for a moment: clients send
+            // requests in bursts, and waking a sleeping thread costs more than the request.
+            let polling = poll_until.is_some_and(|t| Instant::now() < t);
+            let ran = match polling {
+                true => self.event_manager.run_with_timeout(0),
+                false => self.event_manager.run(),
+            };
+            if let Err(e) = ran {
                 return VmExit::VmmError(format!("the event loop failed: {e}"));
             }
-            self.serve_api();
+            if self.serve_api() > 0 {
+                poll_until = Some(Instant::now() + API_POLL);
+            } else if polling {
+                std::hint::spin_loop();
+            }
         }
     }
 
-    /// Answers every request waiting on the channel.
-    fn serve_api(&mut self) {
+    /// Answers every request waiting on the channel; returns how many there were.
+    fn serve_api(&mut self) -> usize {
+        let mut served = 0;
         loop {
-            let Some(api) = &self.api else { return };
+            let Some(api) = &self.api else { return served };
             let Ok(action) = api.from_api.try_recv() else {
-                return;
+                return served;
             };
+            served += 1;
             let result = self.handle(action);
             if let Some(api) = &self.api {
                 if api.to_api.send(result).is_err() {
