@@ -59,6 +59,10 @@ pub struct RequestParser {
     /// How much of `buf` is known to hold no end of headers, so that a client sending one
     /// byte at a time costs linear time, not quadratic.
     scanned: usize,
+    /// The request waiting for its body asked for `100 Continue`, not yet sent.
+    continue_due: bool,
+    /// `100 Continue` was already sent for the request waiting for its body.
+    continue_sent: bool,
 }
 
 impl RequestParser {
@@ -67,7 +71,15 @@ impl RequestParser {
             buf: Vec::new(),
             max_payload,
             scanned: 0,
+            continue_due: false,
+            continue_sent: false,
         }
+    }
+
+    /// True once per request whose client sent `Expect: 100-continue` and waits for the
+    /// interim `100 Continue` before it sends the body (curl does, for larger bodies).
+    pub fn take_continue(&mut self) -> bool {
+        std::mem::take(&mut self.continue_due)
     }
 
     /// Appends bytes read from the socket.
@@ -101,11 +113,17 @@ impl RequestParser {
         let body_start = head_end + 4;
         let total = body_start + head.content_length;
         if self.buf.len() < total {
+            if head.expect_continue && !self.continue_sent {
+                self.continue_sent = true;
+                self.continue_due = true;
+            }
             return Ok(None);
         }
         let body = self.buf[body_start..total].to_vec();
         self.buf.drain(..total);
         self.scanned = 0;
+        self.continue_sent = false;
+        self.continue_due = false;
         Ok(Some(Request {
             method: head.method,
             path: head.path,
@@ -120,6 +138,7 @@ struct Head {
     path: String,
     content_length: usize,
     keep_alive: bool,
+    expect_continue: bool,
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -147,6 +166,7 @@ fn parse_head(head: &str) -> Result<Head, ParseError> {
     };
     let path = target.split('?').next().unwrap_or(target).to_string();
     let mut content_length = 0;
+    let mut expect_continue = false;
     for (i, line) in lines.enumerate() {
         let (name, value) = line.split_once(':').ok_or(ParseError::Header(i + 1))?;
         if name.is_empty() || name.bytes().any(|b| b.is_ascii_whitespace()) {
@@ -157,6 +177,8 @@ fn parse_head(head: &str) -> Result<Head, ParseError> {
             content_length = value.parse().map_err(|_| ParseError::ContentLength)?;
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(ParseError::TransferEncoding);
+        } else if name.eq_ignore_ascii_case("expect") {
+            expect_continue = value.eq_ignore_ascii_case("100-continue");
         } else if name.eq_ignore_ascii_case("connection") {
             if value.eq_ignore_ascii_case("close") {
                 keep_alive = false;
@@ -170,6 +192,7 @@ fn parse_head(head: &str) -> Result<Head, ParseError> {
         path,
         content_length,
         keep_alive,
+        expect_continue,
     })
 }
 
@@ -289,6 +312,19 @@ mod tests {
         assert_eq!(got[0].path, "/");
         assert_eq!(got[1].path, "/version");
         assert!(!got[1].keep_alive);
+    }
+
+    #[test]
+    fn expect_100_continue_is_due_once_while_the_body_is_missing() {
+        let mut p = parser();
+        p.feed(b"PUT /boot-source HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n");
+        assert_eq!(p.next_request(), Ok(None));
+        assert!(p.take_continue());
+        assert_eq!(p.next_request(), Ok(None));
+        assert!(!p.take_continue(), "only once");
+        p.feed(b"{}");
+        assert_eq!(p.next_request().unwrap().unwrap().body, b"{}");
+        assert!(!p.take_continue());
     }
 
     #[test]

@@ -273,6 +273,11 @@ impl ApiServer {
                     queue(conn, &response);
                 }
                 Ok(None) => {
+                    if conn.parser.take_continue() {
+                        conn.out = b"HTTP/1.1 100 Continue\r\n\r\n".to_vec();
+                        conn.written = 0;
+                        continue;
+                    }
                     if conn.eof {
                         return (Next::Close, true);
                     }

@@ -221,6 +221,17 @@ fn a_request_in_one_byte_writes_and_pipelined_requests() {
         );
     }
     assert_eq!(c.get("/machine-config").json()["vcpu_count"], 2);
+    // Expect: 100-continue (curl sends it for larger bodies) gets the interim answer.
+    c.send_raw(
+        format!(
+            "PUT /machine-config HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(c.reply().unwrap().status, 100);
+    c.send_raw(body.as_bytes());
+    c.reply().unwrap().expect(204, "");
     // Connection: close is honoured.
     c.send_raw(b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
     assert_eq!(c.reply().unwrap().status, 200);
