@@ -168,8 +168,11 @@ impl ApiServer {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    // Out of file descriptors, most likely: leave the client in the backlog.
+                    // Out of file descriptors, most likely: leave the client in the backlog,
+                    // and pause, since the listener stays readable and epoll would return
+                    // at once, over and over.
                     log::warn!("the API server cannot accept a connection: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
                     return;
                 }
             }

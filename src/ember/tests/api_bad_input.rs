@@ -267,6 +267,26 @@ fn idle_clients_and_a_hundred_at_once() {
 }
 
 #[test]
+fn out_of_file_descriptors_the_server_waits_without_spinning() {
+    let s = Scratch::new("bad-fds");
+    let ember = Ember::start_with_fd_limit(&s, &[], Some(40));
+    // More clients than ember has descriptors left: the rest wait in the listen backlog.
+    let crowd: Vec<Client> = (0..60).map(|_| ember.client()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let before = ember.cpu_ms();
+    std::thread::sleep(Duration::from_secs(1));
+    let used = ember.cpu_ms() - before;
+    assert!(
+        used < 300,
+        "ember used {used} ms of CPU in 1 s while out of descriptors"
+    );
+    drop(crowd);
+    // Once they leave, the server answers again.
+    let mut c = ember.client();
+    assert_eq!(c.get("/").status, 200);
+}
+
+#[test]
 fn a_flood_of_bad_requests_does_not_grow_ember() {
     let s = Scratch::new("bad-flood");
     let ember = Ember::start(&s, &[]);

@@ -200,8 +200,23 @@ impl Ember {
     /// Starts ember with its socket in `scratch` and `extra` arguments, and waits (up to 5 s)
     /// for the socket to appear.
     pub fn start(scratch: &Scratch, extra: &[&str]) -> Ember {
+        Ember::start_with_fd_limit(scratch, extra, None)
+    }
+
+    /// The same, with at most `fds` open file descriptors (through the shell's ulimit).
+    pub fn start_with_fd_limit(scratch: &Scratch, extra: &[&str], fds: Option<u32>) -> Ember {
         let sock = scratch.path("api.sock");
-        let mut child = Command::new(EMBER)
+        let mut command = match fds {
+            None => Command::new(EMBER),
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(EMBER);
+                c
+            }
+        };
+        let mut child = command
             .arg("--api-sock")
             .arg(&sock)
             .args(extra)
@@ -283,6 +298,21 @@ impl Ember {
         // SAFETY: kill(2) on our own child's pid; it cannot affect memory.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         self.wait_exit(Duration::from_secs(10))
+    }
+
+    /// CPU time (user + system) ember has used, in milliseconds.
+    pub fn cpu_ms(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf reads a constant of the system; no memory is involved.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        ticks * 1000 / hz
     }
 
     /// ember's resident memory in KiB.
