@@ -1,0 +1,61 @@
+"""What `scripts/bench` and `scripts/bench-api` share: paths, running commands, the summary
+line of a timing, the test guest's location, QEMU's microvm command line, and reading a
+process's memory."""
+import os
+import statistics
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMBER = os.path.join(ROOT, "target/release/ember")
+# The guest kernel command line of the Linux guest in both benchmarks.
+LINUX_ARGS = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
+
+
+def sh(*cmd, **kw):
+    return subprocess.run(cmd, check=True, cwd=ROOT, **kw)
+
+
+def stats(name, values, unit="ms", digits=1):
+    """Prints and returns median, min and max."""
+    values = sorted(values)
+    med = statistics.median(values)
+    print(f"{name}: median {med:.{digits}f} {unit}, min {values[0]:.{digits}f}, "
+          f"max {values[-1]:.{digits}f} ({len(values)} runs)")
+    return {"median": med, "min": values[0], "max": values[-1], "runs": len(values)}
+
+
+def guest_paths():
+    """The test guest images (release build): {"pvh": ..., "linux64": ..., "bzimage": ...}."""
+    out = sh("cargo", "run", "--release", "--locked", "-q", "-p", "test-guest",
+             capture_output=True, text=True).stdout
+    return dict(line.split("=", 1) for line in out.split())
+
+
+def qemu_microvm(kernel, args, extra=()):
+    """QEMU's microvm with the same machine as the benchmarks give ember: 1 vCPU, 128 MiB."""
+    return ["qemu-system-x86_64", "-M", "microvm", "-enable-kvm", "-cpu", "host", "-m", "128",
+            "-smp", "1", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio",
+            "-no-reboot", "-kernel", kernel, "-append", args, *extra]
+
+
+def rss_and_guest_kib(pid, guest_bytes):
+    """A process's RSS and the part of it in guest RAM, in KiB, from /proc/PID/smaps. The
+    kernel may merge the guest mapping with an adjacent malloc arena (at most 64 MiB), so a
+    mapping of the guest's size or a little larger counts as guest RAM."""
+    total = guest = 0
+    size = None
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                fields = line.split()
+                if "-" in fields[0] and ":" not in fields[0]:
+                    start, end = (int(x, 16) for x in fields[0].split("-"))
+                    size = end - start
+                elif fields[0] == "Rss:":
+                    kib = int(fields[1])
+                    total += kib
+                    if guest_bytes <= size < guest_bytes + (64 << 20):
+                        guest += kib
+    except FileNotFoundError:
+        pass
+    return total, guest
