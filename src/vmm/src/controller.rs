@@ -198,12 +198,7 @@ impl Controller {
             VmmAction::PutDrive(drive) => empty(self.resources.replace_drive(drive)),
             VmmAction::InstanceStart => self.start().map(|()| VmmData::Empty),
             VmmAction::PatchDrive(patch) => {
-                if !self
-                    .resources
-                    .drives()
-                    .iter()
-                    .any(|d| d.drive_id == patch.drive_id)
-                {
+                if !self.resources.has_drive(&patch.drive_id) {
                     return Err(ActionError::Config(
                         crate::config::ConfigError::NoSuchDrive(patch.drive_id),
                     ));

@@ -51,7 +51,7 @@ impl VmResources {
     /// Adds a drive. In a config file an ID may appear once; the API's PUT of an existing ID
     /// goes through [`VmResources::replace_drive`].
     pub fn add_drive(&mut self, drive: DriveConfig) -> Result<(), ConfigError> {
-        if self.drives.iter().any(|d| d.drive_id == drive.drive_id) {
+        if self.has_drive(&drive.drive_id) {
             return Err(ConfigError::DuplicateDriveId(drive.drive_id));
         }
         self.replace_drive(drive)
@@ -91,6 +91,10 @@ impl VmResources {
 
     pub fn drives(&self) -> &[DriveConfig] {
         &self.drives
+    }
+
+    pub fn has_drive(&self, id: &str) -> bool {
+        self.drives.iter().any(|d| d.drive_id == id)
     }
 
     /// Everything configured, in the config-file format (`GET /vm/config`).
