@@ -200,23 +200,8 @@ impl Ember {
     /// Starts ember with its socket in `scratch` and `extra` arguments, and waits (up to 5 s)
     /// for the socket to appear.
     pub fn start(scratch: &Scratch, extra: &[&str]) -> Ember {
-        Ember::start_with_fd_limit(scratch, extra, None)
-    }
-
-    /// The same, with at most `fds` open file descriptors (through the shell's ulimit).
-    pub fn start_with_fd_limit(scratch: &Scratch, extra: &[&str], fds: Option<u32>) -> Ember {
         let sock = scratch.path("api.sock");
-        let mut command = match fds {
-            None => Command::new(EMBER),
-            Some(n) => {
-                let mut c = Command::new("sh");
-                c.arg("-c")
-                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
-                    .arg(EMBER);
-                c
-            }
-        };
-        let mut child = command
+        let mut child = Command::new(EMBER)
             .arg("--api-sock")
             .arg(&sock)
             .args(extra)
@@ -298,6 +283,38 @@ impl Ember {
         // SAFETY: kill(2) on our own child's pid; it cannot affect memory.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         self.wait_exit(Duration::from_secs(10))
+    }
+
+    /// Lowers ember's descriptor limit to the number it has open now plus `headroom`.
+    /// Counting first keeps the test independent of what descriptors the test runner
+    /// leaves open for its children.
+    pub fn limit_open_files(&self, headroom: u64) -> u64 {
+        let open = std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .unwrap()
+            .count() as u64;
+        // The limit is on descriptor numbers, so count from the highest one in use.
+        let highest = std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        let limit = highest.max(open) + 1 + headroom;
+        let new = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: limit,
+        };
+        // SAFETY: prlimit reads `new` (a valid rlimit) and writes nothing, since the old-limit
+        // pointer is null; the pid is our own child.
+        let rc = unsafe {
+            libc::prlimit(
+                self.child.id() as libc::pid_t,
+                libc::RLIMIT_NOFILE,
+                &new,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+        limit
     }
 
     /// CPU time (user + system) ember has used, in milliseconds.
