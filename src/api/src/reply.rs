@@ -1,7 +1,7 @@
 //! The VMM thread's answers as HTTP responses: 204 with no body for a change, 200 with JSON
 //! for data, 400 with `{"fault_message": ...}` for a refusal, as Firecracker answers.
 
-use vmm::rpc::{ActionResult, VmmData};
+use vmm::rpc::{ActionError, ActionResult, VmmData};
 
 use crate::http::Response;
 
@@ -18,6 +18,11 @@ pub fn to_response(result: &ActionResult) -> Response {
         )),
         Ok(VmmData::MachineConfig(m)) => json(serde_json::to_string(m)),
         Ok(VmmData::FullConfig(c)) => json(serde_json::to_string(c)),
+        Ok(VmmData::Mmds(v)) => json(serde_json::to_string(v)),
+        // Firecracker's status for a data store that would grow past its limit.
+        Err(e @ ActionError::Mmds(mmds::StoreError::TooLarge { .. })) => {
+            Response::fault(413, &e.to_string())
+        }
         Err(e) => Response::fault(400, &e.to_string()),
     }
 }

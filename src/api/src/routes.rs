@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use vmm::config::{
     parse_json_in, valid_id, BootSourceConfig, ConfigError, DriveConfig, Later, MachineConfig,
-    MachineConfigUpdate, PartialDrive,
+    MachineConfigUpdate, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
 };
 use vmm::rpc::VmmAction;
 
@@ -28,6 +28,9 @@ enum Route {
     MachineConfig,
     BootSource,
     Drive,
+    NetworkInterface,
+    Mmds,
+    MmdsConfig,
     Actions,
     VmConfig,
     VmState,
@@ -42,13 +45,15 @@ impl Route {
             (Route::Root | Route::Version | Route::VmConfig, _) => &["GET"],
             (Route::MachineConfig, _) => &["GET", "PUT", "PATCH"],
             (Route::BootSource | Route::Actions, _) => &["PUT"],
-            (Route::Drive, _) => &["PUT", "PATCH"],
+            (Route::Drive | Route::NetworkInterface, _) => &["PUT", "PATCH"],
+            (Route::Mmds, _) => &["GET", "PUT", "PATCH"],
+            (Route::MmdsConfig, _) => &["PUT"],
             (Route::VmState, _) => &["PATCH"],
-            (_, ["balloon"] | ["mmds"] | ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
+            (_, ["balloon"] | ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
             (_, ["balloon", "statistics"]) => &["GET", "PATCH"],
             (_, ["balloon", "hinting", "status"]) => &["GET"],
             (_, ["balloon", "hinting", _]) => &["PATCH"],
-            (_, ["network-interfaces", _] | ["pmem", _]) => &["PUT", "PATCH"],
+            (_, ["pmem", _]) => &["PUT", "PATCH"],
             _ => &["PUT"],
         }
     }
@@ -66,8 +71,9 @@ fn route(path: &[&str]) -> Option<Route> {
         ["actions"] => Actions,
         ["vm", "config"] => VmConfig,
         ["vm"] => VmState,
-        ["network-interfaces", _] => Later(vmm::config::Later::Network),
-        ["mmds"] | ["mmds", "config"] => Later(vmm::config::Later::Mmds),
+        ["network-interfaces", _] => NetworkInterface,
+        ["mmds"] => Mmds,
+        ["mmds", "config"] => MmdsConfig,
         ["vsock"] => Later(vmm::config::Later::Vsock),
         ["entropy"] => Later(vmm::config::Later::Entropy),
         ["balloon"]
@@ -139,12 +145,12 @@ fn body<T: for<'a> Deserialize<'a>>(req: &Request, section: &str) -> Result<T, R
 }
 
 /// Firecracker's checks of an ID in the path, and that the body names the same ID.
-fn path_id(id: &str, in_body: &str) -> Result<(), Response> {
+fn path_id(id: &str, in_body: &str, invalid: fn(String) -> ConfigError) -> Result<(), Response> {
     if id.is_empty() {
         return Err(bad_request("The ID cannot be empty."));
     }
     if !valid_id(id) {
-        return Err(config_error(&ConfigError::DriveId(id.to_string())));
+        return Err(config_error(&invalid(id.to_string())));
     }
     if id != in_body {
         return Err(bad_request(
@@ -201,14 +207,28 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         }
         (Route::Drive, "PUT") => {
             let drive: DriveConfig = body(req, "drives")?;
-            path_id(segments[1], &drive.drive_id)?;
+            path_id(segments[1], &drive.drive_id, ConfigError::DriveId)?;
             VmmAction::PutDrive(drive)
         }
         (Route::Drive, _) => {
             let patch: PartialDrive = body(req, "drives")?;
-            path_id(segments[1], &patch.drive_id)?;
+            path_id(segments[1], &patch.drive_id, ConfigError::DriveId)?;
             VmmAction::PatchDrive(patch)
         }
+        (Route::NetworkInterface, "PUT") => {
+            let iface: NetworkInterfaceConfig = body(req, "network-interfaces")?;
+            path_id(segments[1], &iface.iface_id, ConfigError::IfaceId)?;
+            VmmAction::PutNetworkInterface(iface)
+        }
+        (Route::NetworkInterface, _) => {
+            let patch: PartialNetworkInterface = body(req, "network-interfaces")?;
+            path_id(segments[1], &patch.iface_id, ConfigError::IfaceId)?;
+            VmmAction::PatchNetworkInterface(patch)
+        }
+        (Route::Mmds, "GET") => VmmAction::GetMmds,
+        (Route::Mmds, "PUT") => VmmAction::PutMmds(body(req, "mmds")?),
+        (Route::Mmds, _) => VmmAction::PatchMmds(body(req, "mmds")?),
+        (Route::MmdsConfig, _) => VmmAction::PutMmdsConfig(body::<MmdsConfig>(req, "mmds-config")?),
         (Route::Actions, _) => match body::<ActionBody>(req, "actions")?.action_type {
             ActionType::InstanceStart => VmmAction::InstanceStart,
             ActionType::SendCtrlAltDel => VmmAction::SendCtrlAltDel,

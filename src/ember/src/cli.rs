@@ -12,6 +12,9 @@ Options:
   --no-api              Do not start the API server (needs --config-file)
   --http-api-max-payload-size <BYTES>
                         Largest API request body accepted [default: 51200]
+  --mmds-size-limit <BYTES>
+                        Largest MMDS data store, as JSON [default: the payload size]
+  --metadata <PATH>     Fill the MMDS data store from this JSON file at start
   --boot-timer          Log the guest boot time when the guest writes 123 to the boot timer
   --level <LEVEL>       Log level: Off, Error, Warning, Info, Debug, Trace [default: Warning]
   --log-path <PATH>     Write the log to this file instead of stderr
@@ -33,6 +36,9 @@ pub struct Args {
     pub config_file: Option<String>,
     pub no_api: bool,
     pub max_payload: usize,
+    /// None: the same as `max_payload`, as in Firecracker.
+    pub mmds_size_limit: Option<usize>,
+    pub metadata: Option<String>,
     pub boot_timer: bool,
     pub level: log::LevelFilter,
     pub log_path: Option<String>,
@@ -63,6 +69,15 @@ pub enum Error {
         "--http-api-max-payload-size must be a number of bytes from 1 to {max}, not {value:?}"
     )]
     MaxPayload { value: String, max: usize },
+    #[error("--mmds-size-limit must be a number of bytes from 1 to {max}, not {value:?}")]
+    MmdsSizeLimit { value: String, max: usize },
+}
+
+impl Args {
+    /// The MMDS data store's limit in bytes.
+    pub fn mmds_limit(&self) -> usize {
+        self.mmds_size_limit.unwrap_or(self.max_payload)
+    }
 }
 
 /// A request body larger than this would not be a configuration.
@@ -89,6 +104,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         config_file: None,
         no_api: false,
         max_payload: DEFAULT_MAX_PAYLOAD,
+        mmds_size_limit: None,
+        metadata: None,
         boot_timer: false,
         level: log::LevelFilter::Warn,
         log_path: None,
@@ -111,6 +128,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
                 | "--level"
                 | "--log-path"
                 | "--http-api-max-payload-size"
+                | "--mmds-size-limit"
+                | "--metadata"
         );
         let value = if takes_value {
             match inline {
@@ -151,6 +170,18 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
                         max: MAX_PAYLOAD_LIMIT,
                     })?;
             }
+            "--mmds-size-limit" => {
+                let limit = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAYLOAD_LIMIT).contains(n))
+                    .ok_or(Error::MmdsSizeLimit {
+                        value,
+                        max: MAX_PAYLOAD_LIMIT,
+                    })?;
+                out.mmds_size_limit = Some(limit);
+            }
+            "--metadata" => out.metadata = Some(value),
             "--boot-timer" => out.boot_timer = true,
             "--level" => out.level = parse_level(&value)?,
             "--log-path" => out.log_path = Some(value),

@@ -40,6 +40,13 @@ enum StartError {
     Start(String),
     #[error("cannot set up the VMM thread: {0}")]
     Controller(#[from] vmm::controller::Error),
+    #[error("cannot read the metadata file {path}: {source}")]
+    ReadMetadata {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the metadata file {path}: {reason}")]
+    Metadata { path: String, reason: String },
     #[error("cannot install the signal handlers: {0}")]
     Signals(#[source] std::io::Error),
     #[error("cannot copy the standard streams: {0}")]
@@ -86,6 +93,25 @@ fn console() -> Result<Console, StartError> {
     })
 }
 
+/// The MMDS data store, filled from `--metadata` if given.
+fn mmds_store(args: &cli::Args) -> Result<mmds::SharedStore, StartError> {
+    let mut store = mmds::DataStore::new(args.mmds_limit());
+    if let Some(path) = &args.metadata {
+        let text = std::fs::read_to_string(path).map_err(|source| StartError::ReadMetadata {
+            path: path.clone(),
+            source,
+        })?;
+        let bad = |reason: String| StartError::Metadata {
+            path: path.clone(),
+            reason,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        store.put(value).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(std::sync::Arc::new(std::sync::Mutex::new(store)))
+}
+
 fn run() -> Result<i32, StartError> {
     let started = std::time::Instant::now();
     let args = match cli::parse(std::env::args().skip(1))? {
@@ -126,7 +152,8 @@ fn run() -> Result<i32, StartError> {
     };
     resources.boot_timer = args.boot_timer.then_some(started);
 
-    let mut controller = Controller::new(args.id.clone(), resources, console()?, exit, api)?;
+    let store = mmds_store(&args)?;
+    let mut controller = Controller::new(args.id.clone(), resources, console()?, exit, api, store)?;
     if args.config_file.is_some() {
         controller.start().map_err(|e| match e {
             ActionError::Start(msg) => StartError::Start(msg),

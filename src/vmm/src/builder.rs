@@ -12,12 +12,13 @@ use arch::{BootProtocol, KernelEntry};
 use devices::legacy::{i8042, BootTimer, Serial, I8042};
 use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
+use devices::virtio::net::{MmdsLink, Net, NetConfig};
 use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
 use devices::Bus;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{self, BootSourceConfig, DriveConfig};
+use crate::config::{self, BootSourceConfig, DriveConfig, NetworkInterfaceConfig};
 use crate::event_loop::{ResetWatcher, Subscriber};
 use crate::memory::{self, GuestMemory};
 use crate::microvm::MicroVm;
@@ -64,6 +65,11 @@ pub enum BuildError {
         id: String,
         source: devices::virtio::block::Error,
     },
+    #[error("network interface {id}: {source}")]
+    Net {
+        id: String,
+        source: devices::virtio::net::Error,
+    },
     #[error("cannot place a device on the bus: {0}")]
     Bus(#[from] devices::bus::Error),
     #[error("cannot create an eventfd: {0}")]
@@ -96,6 +102,7 @@ pub fn build(
     resources: &VmResources,
     console: &Console,
     exit: &Arc<ExitSignal>,
+    mmds: &mmds::SharedStore,
 ) -> Result<MicroVm, BuildError> {
     let boot = resources
         .boot_source
@@ -113,7 +120,7 @@ pub fn build(
     // nothing before the first KVM_RUN needs it: run it while the rest is assembled.
     let (slots, parts) = std::thread::scope(|scope| {
         let slots = scope.spawn(|| vm.register_memory(&mem));
-        let parts = assemble(&vm, &mem, mem_bytes, boot, resources, console, exit);
+        let parts = assemble(&vm, &mem, mem_bytes, boot, resources, console, exit, mmds);
         (slots.join(), parts)
     });
     slots.map_err(|_| BuildError::MemoryThread)??;
@@ -137,6 +144,7 @@ struct Parts {
 }
 
 /// Everything but the memory slots: kernel, initrd, devices, boot tables, vCPUs.
+#[allow(clippy::too_many_arguments)]
 fn assemble(
     vm: &Vm,
     mem: &GuestMemory,
@@ -145,6 +153,7 @@ fn assemble(
     resources: &VmResources,
     console: &Console,
     exit: &Arc<ExitSignal>,
+    mmds: &mmds::SharedStore,
 ) -> Result<Parts, BuildError> {
     let machine = &resources.machine_config;
     let kernel = load_kernel(mem, &boot.kernel_image_path)?;
@@ -183,19 +192,40 @@ fn assemble(
         mmio.insert(layout::virtio_mmio_addr(0), layout::VIRTIO_MMIO_SIZE, timer)?;
         window = 1;
     }
-    for (index, drive) in resources.drives().iter().enumerate() {
-        let (addr, irq) = attach_drive(
-            vm,
-            mem,
-            &mut mmio,
-            &mut subscribers,
-            drive,
-            window + index as u32,
-            FIRST_VIRTIO_IRQ + index as u32,
-        )?;
+    let mut slot = 0;
+    for drive in resources.drives() {
+        let block = Block::new(&BlockConfig {
+            id: drive.drive_id.clone(),
+            path: drive.path_on_host.clone().into(),
+            read_only: drive.is_read_only,
+            cache: match drive.cache_type {
+                config::CacheType::Unsafe => CacheType::Unsafe,
+                config::CacheType::Writeback => CacheType::Writeback,
+            },
+        })
+        .map_err(|source| BuildError::Drive {
+            id: drive.drive_id.clone(),
+            source,
+        })?;
+        let block = Arc::new(Mutex::new(block));
+        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, block.clone(), window + slot, slot)?;
+        subscribers.push(block);
+        slot += 1;
         if drive.is_root_device {
             cmdline.push_str(&root_args(drive));
         }
+        cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
+    }
+    for iface in resources.network_interfaces() {
+        let net =
+            Net::new(&net_config(iface, resources, mmds)).map_err(|source| BuildError::Net {
+                id: iface.iface_id.clone(),
+                source,
+            })?;
+        let net = Arc::new(Mutex::new(net));
+        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, net.clone(), window + slot, slot)?;
+        subscribers.push(net);
+        slot += 1;
         cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
     }
 
@@ -287,50 +317,59 @@ fn attach_legacy(
     Ok(i8042)
 }
 
-/// One virtio-mmio block device in MMIO window `window` on line `irq`; returns both.
-fn attach_drive(
+/// What the net device for `iface` needs, with the MMDS if the interface reaches it.
+fn net_config(
+    iface: &NetworkInterfaceConfig,
+    resources: &VmResources,
+    store: &mmds::SharedStore,
+) -> NetConfig {
+    let mmds = resources
+        .mmds_config
+        .as_ref()
+        .filter(|m| m.network_interfaces.contains(&iface.iface_id))
+        .map(|m| MmdsLink {
+            ip: m.ipv4_address,
+            store: store.clone(),
+        });
+    NetConfig {
+        id: iface.iface_id.clone(),
+        tap: iface.host_dev_name.clone(),
+        guest_mac: iface.guest_mac.map(|m| m.0),
+        mtu: iface.mtu.map(|m| m as u16),
+        mmds,
+    }
+}
+
+/// Puts one virtio device in MMIO window `window` on the `index`th virtio interrupt line,
+/// with an ioeventfd per queue; returns the window's address and the line.
+fn attach_virtio(
     vm: &Vm,
     mem: &GuestMemory,
     mmio: &mut Bus,
-    subscribers: &mut Vec<Subscriber>,
-    drive: &DriveConfig,
+    device: Arc<Mutex<dyn VirtioDevice>>,
     window: u32,
-    irq: u32,
+    index: u32,
 ) -> Result<(u64, u32), BuildError> {
-    let block = Block::new(&BlockConfig {
-        id: drive.drive_id.clone(),
-        path: drive.path_on_host.clone().into(),
-        read_only: drive.is_read_only,
-        cache: match drive.cache_type {
-            config::CacheType::Unsafe => CacheType::Unsafe,
-            config::CacheType::Writeback => CacheType::Writeback,
-        },
-    })
-    .map_err(|source| BuildError::Drive {
-        id: drive.drive_id.clone(),
-        source,
-    })?;
-    let addr = layout::virtio_mmio_addr(window);
+    let irq = FIRST_VIRTIO_IRQ + index;
     if irq > layout::LAST_VIRTIO_IRQ {
         return Err(BuildError::TooManyDevices);
     }
-    for (queue, evt) in block.queue_events().iter().enumerate() {
+    let addr = layout::virtio_mmio_addr(window);
+    for (queue, evt) in devices::bus::lock(&device)
+        .queue_events()
+        .iter()
+        .enumerate()
+    {
         vm.register_mmio_ioevent(evt, addr + REG_QUEUE_NOTIFY, queue as u32)?;
     }
     let irq_evt = eventfd()?;
     vm.register_irqfd(&irq_evt, irq)?;
-    let block = Arc::new(Mutex::new(block));
-    let transport = MmioTransport::new(
-        block.clone(),
-        mem.clone(),
-        Arc::new(IrqTrigger::new(irq_evt)),
-    );
+    let transport = MmioTransport::new(device, mem.clone(), Arc::new(IrqTrigger::new(irq_evt)));
     mmio.insert(
         addr,
         layout::VIRTIO_MMIO_SIZE,
         Arc::new(Mutex::new(transport)),
     )?;
-    subscribers.push(block);
     Ok((addr, irq))
 }
 

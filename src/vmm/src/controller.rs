@@ -31,6 +31,8 @@ pub enum Error {
 pub struct Controller {
     id: String,
     resources: VmResources,
+    /// The MMDS data store: the API fills it before and after boot, the guest reads it.
+    mmds: mmds::SharedStore,
     console: Console,
     exit: Arc<ExitSignal>,
     event_manager: EventManager<Subscriber>,
@@ -56,6 +58,7 @@ impl Controller {
         console: Console,
         exit: Arc<ExitSignal>,
         api: Option<VmmSide>,
+        mmds: mmds::SharedStore,
     ) -> Result<Self, Error> {
         let mut event_manager =
             EventManager::<Subscriber>::new().map_err(|e| Error::EventLoop(e.to_string()))?;
@@ -69,9 +72,13 @@ impl Controller {
             event_manager
                 .add_subscriber(Arc::new(std::sync::Mutex::new(Wakeup { evt, what: "API" })));
         }
+        if let Some(config) = &resources.mmds_config {
+            mmds::lock(&mmds).configure(config.version, config.imds_compat);
+        }
         Ok(Controller {
             id,
             resources,
+            mmds,
             console,
             exit,
             event_manager,
@@ -85,7 +92,7 @@ impl Controller {
         if self.vm.is_some() {
             return Err(ActionError::NotSupportedPostBoot);
         }
-        let mut vm = builder::build(&self.resources, &self.console, &self.exit)
+        let mut vm = builder::build(&self.resources, &self.console, &self.exit, &self.mmds)
             .map_err(|e| ActionError::Start(e.to_string()))?;
         vm.start(&mut self.event_manager)
             .map_err(|e| ActionError::Start(e.to_string()))?;
@@ -173,12 +180,15 @@ impl Controller {
             | VmmAction::PatchMachineConfig(_)
             | VmmAction::PutBootSource(_)
             | VmmAction::PutDrive(_)
+            | VmmAction::PutNetworkInterface(_)
+            | VmmAction::PutMmdsConfig(_)
             | VmmAction::InstanceStart
                 if booted =>
             {
                 Err(ActionError::NotSupportedPostBoot)
             }
             VmmAction::PatchDrive(_)
+            | VmmAction::PatchNetworkInterface(_)
             | VmmAction::SendCtrlAltDel
             | VmmAction::FlushMetrics
             | VmmAction::Pause
@@ -196,6 +206,35 @@ impl Controller {
             }
             VmmAction::PutBootSource(boot) => empty(self.resources.set_boot_source(boot)),
             VmmAction::PutDrive(drive) => empty(self.resources.replace_drive(drive)),
+            VmmAction::PutNetworkInterface(iface) => {
+                empty(self.resources.replace_network_interface(iface))
+            }
+            VmmAction::PutMmdsConfig(config) => {
+                let (version, compat) = (config.version, config.imds_compat);
+                self.resources.set_mmds_config(config)?;
+                mmds::lock(&self.mmds).configure(version, compat);
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PutMmds(value) => {
+                mmds::lock(&self.mmds).put(value)?;
+                Ok(VmmData::Empty)
+            }
+            VmmAction::PatchMmds(patch) => {
+                mmds::lock(&self.mmds).patch(&patch)?;
+                Ok(VmmData::Empty)
+            }
+            VmmAction::GetMmds => Ok(VmmData::Mmds(mmds::lock(&self.mmds).document())),
+            VmmAction::PatchNetworkInterface(patch) => {
+                if !self.resources.has_iface(&patch.iface_id) {
+                    return Err(ActionError::Config(
+                        crate::config::ConfigError::NoSuchIface(patch.iface_id),
+                    ));
+                }
+                match patch.asks_for_limiter() {
+                    true => Err(ActionError::NotYet(crate::config::Later::RateLimiters)),
+                    false => Ok(VmmData::Empty),
+                }
+            }
             VmmAction::InstanceStart => self.start().map(|()| VmmData::Empty),
             VmmAction::PatchDrive(patch) => {
                 if !self.resources.has_drive(&patch.drive_id) {

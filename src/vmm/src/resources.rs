@@ -3,11 +3,12 @@
 //! time through the same `set_*` methods, so both see the same checks.
 
 use crate::config::{
-    parse_json, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, VmConfig,
+    parse_json, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MmdsConfig,
+    NetworkInterfaceConfig, VmConfig,
 };
 
-/// virtio-mmio devices get IRQs 5..=23.
-pub const MAX_DRIVES: usize =
+/// virtio-mmio devices (drives and network interfaces) get IRQs 5..=23.
+pub const MAX_DEVICES: usize =
     (arch::layout::LAST_VIRTIO_IRQ - arch::layout::FIRST_VIRTIO_IRQ + 1) as usize;
 
 #[derive(Debug, Clone, Default)]
@@ -16,6 +17,8 @@ pub struct VmResources {
     pub machine_config: MachineConfig,
     /// Kept with the root device first, so that it is /dev/vda.
     drives: Vec<DriveConfig>,
+    network_interfaces: Vec<NetworkInterfaceConfig>,
+    pub mmds_config: Option<MmdsConfig>,
     /// `--boot-timer`: when the ember process started, for the guest's boot-time report.
     pub boot_timer: Option<std::time::Instant>,
 }
@@ -32,6 +35,15 @@ impl VmResources {
         }
         for drive in config.drives {
             resources.add_drive(drive)?;
+        }
+        for iface in config.network_interfaces {
+            if resources.has_iface(&iface.iface_id) {
+                return Err(ConfigError::DuplicateIfaceId(iface.iface_id));
+            }
+            resources.replace_network_interface(iface)?;
+        }
+        if let Some(mmds) = config.mmds_config {
+            resources.set_mmds_config(mmds)?;
         }
         Ok(resources)
     }
@@ -69,13 +81,7 @@ impl VmResources {
                 ));
             }
         }
-        let count = others.count() + 1;
-        if count > MAX_DRIVES {
-            return Err(ConfigError::TooManyDrives {
-                max: MAX_DRIVES,
-                count,
-            });
-        }
+        self.check_device_count(others.count() + 1 + self.network_interfaces.len())?;
         match self
             .drives
             .iter_mut()
@@ -86,6 +92,78 @@ impl VmResources {
         }
         // Stable: the root first, the others in the order given.
         self.drives.sort_by_key(|d| !d.is_root_device);
+        Ok(())
+    }
+
+    fn check_device_count(&self, count: usize) -> Result<(), ConfigError> {
+        match count > MAX_DEVICES {
+            true => Err(ConfigError::TooManyDevices {
+                max: MAX_DEVICES,
+                count,
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// Inserts or replaces the interface with this ID; its MAC and TAP must be its own.
+    pub fn replace_network_interface(
+        &mut self,
+        iface: NetworkInterfaceConfig,
+    ) -> Result<(), ConfigError> {
+        let others: Vec<&NetworkInterfaceConfig> = self
+            .network_interfaces
+            .iter()
+            .filter(|i| i.iface_id != iface.iface_id)
+            .collect();
+        if let Some(other) = others
+            .iter()
+            .find(|o| o.host_dev_name == iface.host_dev_name)
+        {
+            return Err(ConfigError::DuplicateTap {
+                tap: iface.host_dev_name,
+                other: other.iface_id.clone(),
+            });
+        }
+        if let Some(mac) = iface.guest_mac {
+            if let Some(other) = others.iter().find(|o| o.guest_mac == Some(mac)) {
+                return Err(ConfigError::DuplicateMac {
+                    mac,
+                    other: other.iface_id.clone(),
+                });
+            }
+        }
+        self.check_device_count(self.drives.len() + others.len() + 1)?;
+        iface.validate()?;
+        match self
+            .network_interfaces
+            .iter_mut()
+            .find(|i| i.iface_id == iface.iface_id)
+        {
+            Some(slot) => *slot = iface,
+            None => self.network_interfaces.push(iface),
+        }
+        Ok(())
+    }
+
+    pub fn network_interfaces(&self) -> &[NetworkInterfaceConfig] {
+        &self.network_interfaces
+    }
+
+    pub fn has_iface(&self, id: &str) -> bool {
+        self.network_interfaces.iter().any(|i| i.iface_id == id)
+    }
+
+    /// `PUT /mmds/config`: every interface it names must exist already.
+    pub fn set_mmds_config(&mut self, config: MmdsConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        if let Some(unknown) = config
+            .network_interfaces
+            .iter()
+            .find(|id| !self.has_iface(id))
+        {
+            return Err(ConfigError::MmdsUnknownIface(unknown.clone()));
+        }
+        self.mmds_config = Some(config);
         Ok(())
     }
 
@@ -103,6 +181,8 @@ impl VmResources {
             self.boot_source.clone(),
             self.drives.clone(),
             self.machine_config.clone(),
+            self.network_interfaces.clone(),
+            self.mmds_config.clone(),
         )
     }
 }

@@ -10,7 +10,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{
     BootSourceConfig, ConfigError, DriveConfig, Later, MachineConfig, MachineConfigUpdate,
-    PartialDrive, VmConfig,
+    MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface, VmConfig,
 };
 
 /// How long the API thread busy-waits for an answer before it sleeps.
@@ -27,6 +27,12 @@ pub enum VmmAction {
     PutBootSource(BootSourceConfig),
     PutDrive(DriveConfig),
     PatchDrive(PartialDrive),
+    PutNetworkInterface(NetworkInterfaceConfig),
+    PatchNetworkInterface(PartialNetworkInterface),
+    PutMmdsConfig(MmdsConfig),
+    PutMmds(serde_json::Value),
+    PatchMmds(serde_json::Value),
+    GetMmds,
     GetFullConfig,
     InstanceStart,
     SendCtrlAltDel,
@@ -58,6 +64,7 @@ pub enum VmmData {
     Version(String),
     MachineConfig(MachineConfig),
     FullConfig(Box<VmConfig>),
+    Mmds(serde_json::Value),
 }
 
 /// A refused or failed request; the API shows it as `{"fault_message": "<this sentence>"}`.
@@ -73,6 +80,8 @@ pub enum ActionError {
     NotSupportedPreBoot,
     #[error("The requested operation is not supported after starting the microVM.")]
     NotSupportedPostBoot,
+    #[error("{0}")]
+    Mmds(#[from] mmds::StoreError),
     #[error("the microVM could not be paused: {0}")]
     Pause(String),
 }

@@ -6,6 +6,7 @@ pub mod block;
 pub mod device;
 pub mod interrupt;
 pub mod mmio;
+pub mod net;
 
 pub use device::{ActivateError, VirtioDevice};
 pub use interrupt::{InterruptKind, IrqTrigger};

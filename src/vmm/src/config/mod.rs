@@ -6,10 +6,14 @@
 mod boot;
 mod drive;
 mod machine;
+mod mmds;
+mod net;
 
 pub use boot::BootSourceConfig;
 pub use drive::{valid_id, CacheType, DriveConfig, IoEngine, PartialDrive};
 pub use machine::{HugePages, MachineConfig, MachineConfigUpdate, MAX_VCPUS};
+pub use mmds::{MmdsConfig, MmdsVersion};
+pub use net::{MacAddr, NetworkInterfaceConfig, PartialNetworkInterface};
 
 use serde::{Deserialize, Serialize};
 
@@ -31,10 +35,14 @@ pub struct VmConfig {
     pub machine_config: Option<MachineConfig>,
     /// Firecracker's other sections, accepted when empty so that its files and its
     /// `GET /vm/config` output load; anything in them is refused by [`VmConfig::check_later`].
-    #[serde(rename = "network-interfaces", default, skip_serializing)]
-    pub network_interfaces: Option<serde_json::Value>,
-    #[serde(rename = "mmds-config", default, skip_serializing)]
-    pub mmds_config: Option<serde_json::Value>,
+    #[serde(rename = "network-interfaces", default)]
+    pub network_interfaces: Vec<NetworkInterfaceConfig>,
+    #[serde(
+        rename = "mmds-config",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mmds_config: Option<MmdsConfig>,
     #[serde(default, skip_serializing)]
     pub vsock: Option<serde_json::Value>,
     #[serde(default, skip_serializing)]
@@ -59,13 +67,15 @@ impl VmConfig {
         boot_source: Option<BootSourceConfig>,
         drives: Vec<DriveConfig>,
         machine_config: MachineConfig,
+        network_interfaces: Vec<NetworkInterfaceConfig>,
+        mmds_config: Option<MmdsConfig>,
     ) -> Self {
         VmConfig {
             boot_source,
             drives,
             machine_config: Some(machine_config),
-            network_interfaces: None,
-            mmds_config: None,
+            network_interfaces,
+            mmds_config,
             vsock: None,
             entropy: None,
             balloon: None,
@@ -85,8 +95,6 @@ impl VmConfig {
             Some(_) => true,
         };
         let sections = [
-            (&self.network_interfaces, Later::Network),
-            (&self.mmds_config, Later::Mmds),
             (&self.vsock, Later::Vsock),
             (&self.entropy, Later::Entropy),
             (&self.balloon, Later::Balloon),
@@ -117,10 +125,6 @@ impl VmConfig {
 /// name them when asked for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Later {
-    #[error("network interfaces (virtio-net) are not available in Ember yet")]
-    Network,
-    #[error("the microVM metadata service (MMDS) is not available in Ember yet")]
-    Mmds,
     #[error("rate limiters are not available in Ember yet")]
     RateLimiters,
     #[error("changing a drive after boot (PATCH /drives) is not available in Ember yet")]
@@ -168,8 +172,30 @@ pub enum ConfigError {
     NoSuchDrive(String),
     #[error("drive_id {0} is used by two drives")]
     DuplicateDriveId(String),
-    #[error("at most {max} drives are supported, not {count}")]
-    TooManyDrives { max: usize, count: usize },
+    #[error("at most {max} virtio devices (drives and network interfaces together) are supported, not {count}")]
+    TooManyDevices { max: usize, count: usize },
+    #[error("iface_id {0} is used by two network interfaces")]
+    DuplicateIfaceId(String),
+    #[error("iface_id {0:?} must be 1 to 64 characters, letters, digits and '_' only")]
+    IfaceId(String),
+    #[error("there is no network interface with iface_id {0}")]
+    NoSuchIface(String),
+    #[error("network interface {iface}: {reason}")]
+    Tap { iface: String, reason: String },
+    #[error("the MAC address {mac} is already used by network interface {other}")]
+    DuplicateMac { mac: MacAddr, other: String },
+    #[error("the host device {tap} is already used by network interface {other}")]
+    DuplicateTap { tap: String, other: String },
+    #[error("mtu must be between 68 and 65535, not {0}")]
+    Mtu(u32),
+    #[error("The list of network interface IDs that allow forwarding MMDS requests is empty.")]
+    MmdsNoInterfaces,
+    #[error("The list of network interface IDs provided contains at least one ID that does not correspond to any existing network interface: {0}.")]
+    MmdsUnknownIface(String),
+    #[error("The MMDS IPv4 address {0} is not a link-local address from 169.254.1.0 to 169.254.254.255.")]
+    MmdsAddress(std::net::Ipv4Addr),
+    #[error("the MMDS data could not be stored: {0}")]
+    Mmds(#[from] ::mmds::StoreError),
     #[error("the kernel command line must not contain a NUL byte")]
     BootArgsNul,
     #[error("{0}")]

@@ -169,7 +169,7 @@ fn drive_rules() {
     }
     assert!(matches!(
         res.add_drive(drive("last", false)),
-        Err(ConfigError::TooManyDrives { .. })
+        Err(ConfigError::TooManyDevices { .. })
     ));
 }
 

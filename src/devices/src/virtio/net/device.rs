@@ -1,0 +1,426 @@
+//! The virtio-net device: features and configuration space, and the RX and TX loops that run
+//! on the VMM thread when a queue is notified, the TAP has frames, or the MMDS's timer fires.
+//!
+//! Nothing here busy-polls: the TAP is watched edge-triggered and read until it is empty or
+//! the guest has no RX buffers left; in the second case one frame waits here and the TAP is
+//! not read again until the guest gives buffers back (the RX queue's notification).
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use event_manager::{EventOps, Events, MutEventSubscriber};
+use mmds::{MmdsStack, SharedStore};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU,
+};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::Bytes;
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, VNET_HDR_LEN};
+use crate::virtio::device::read_config_bytes;
+use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
+
+pub const QUEUE_SIZE: u16 = 256;
+const RX: usize = 0;
+const TX: usize = 1;
+/// The largest frame either way: the header, Ethernet, and a 64 KiB segmentation-offload
+/// packet.
+const MAX_FRAME: usize = VNET_HDR_LEN + 14 + 65_535;
+
+/// How an interface reaches the MMDS.
+#[derive(Debug, Clone)]
+pub struct MmdsLink {
+    pub ip: Ipv4Addr,
+    pub store: SharedStore,
+}
+
+/// What the builder needs to make a net device.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    pub id: String,
+    pub tap: String,
+    pub guest_mac: Option<[u8; 6]>,
+    pub mtu: Option<u16>,
+    pub mmds: Option<MmdsLink>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Tap(#[from] TapError),
+    #[error("cannot create an eventfd or timerfd: {0}")]
+    Fd(#[source] std::io::Error),
+}
+
+struct Active {
+    mem: GuestMemory,
+    rx: Queue,
+    tx: Queue,
+    irq: Arc<IrqTrigger>,
+}
+
+pub struct Net {
+    id: String,
+    tap: Tap,
+    avail_features: u64,
+    acked_features: u64,
+    config_space: Vec<u8>,
+    queue_events: [EventFd; 2],
+    active: Option<Active>,
+    mmds: Option<MmdsStack>,
+    mmds_timer: TimerFd,
+    /// One frame on its way to the guest (bytes `..rx_len`), waiting for an RX buffer.
+    rx_frame: Vec<u8>,
+    rx_len: usize,
+    tx_frame: Vec<u8>,
+}
+
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Net")
+            .field("id", &self.id)
+            .field("tap", &self.tap.name())
+            .finish()
+    }
+}
+
+impl Net {
+    pub fn new(config: &NetConfig) -> Result<Self, Error> {
+        let tap = Tap::open(&config.tap)?;
+        let mut avail_features = 1u64 << VIRTIO_F_VERSION_1
+            | 1 << VIRTIO_NET_F_CSUM
+            | 1 << VIRTIO_NET_F_GUEST_CSUM
+            | 1 << VIRTIO_NET_F_GUEST_TSO4
+            | 1 << VIRTIO_NET_F_GUEST_TSO6
+            | 1 << VIRTIO_NET_F_HOST_TSO4
+            | 1 << VIRTIO_NET_F_HOST_TSO6;
+        // mac[6], status (u16), max_virtqueue_pairs (u16), mtu (u16).
+        let mut config_space = vec![0u8; 12];
+        if let Some(mac) = config.guest_mac {
+            avail_features |= 1 << VIRTIO_NET_F_MAC;
+            config_space[..6].copy_from_slice(&mac);
+        }
+        if let Some(mtu) = config.mtu {
+            avail_features |= 1 << VIRTIO_NET_F_MTU;
+            config_space[10..12].copy_from_slice(&mtu.to_le_bytes());
+        }
+        let eventfd = || EventFd::new(libc::EFD_NONBLOCK).map_err(Error::Fd);
+        Ok(Net {
+            id: config.id.clone(),
+            tap,
+            avail_features,
+            acked_features: 0,
+            config_space,
+            queue_events: [eventfd()?, eventfd()?],
+            active: None,
+            mmds: config
+                .mmds
+                .as_ref()
+                .map(|link| MmdsStack::new(link.ip, link.store.clone())),
+            mmds_timer: TimerFd::new().map_err(|e| Error::Fd(e.into()))?,
+            rx_frame: Vec::new(),
+            rx_len: 0,
+            tx_frame: Vec::new(),
+        })
+    }
+
+    fn acked(&self, bit: u32) -> bool {
+        self.acked_features & (1 << bit) != 0
+    }
+
+    /// The offloads the TAP may hand us: those the guest said it can take.
+    fn tap_offload(&self) -> u32 {
+        let mut flags = 0;
+        if self.acked(VIRTIO_NET_F_GUEST_CSUM) {
+            flags |= TUN_F_CSUM;
+            if self.acked(VIRTIO_NET_F_GUEST_TSO4) {
+                flags |= TUN_F_TSO4;
+            }
+            if self.acked(VIRTIO_NET_F_GUEST_TSO6) {
+                flags |= TUN_F_TSO6;
+            }
+        }
+        flags
+    }
+
+    /// Fills RX buffers from the waiting frame, the MMDS, then the TAP; true if any was used.
+    pub fn process_rx(&mut self) -> bool {
+        let Some(mut active) = self.active.take() else {
+            return false;
+        };
+        let mut used_any = false;
+        loop {
+            if self.rx_len == 0 && !self.next_rx_frame() {
+                break;
+            }
+            let Some(chain) = active.rx.pop_descriptor_chain(&active.mem) else {
+                // No buffers: the frame waits, and so does the TAP, until the guest adds some.
+                break;
+            };
+            let head = chain.head_index();
+            let frame = &self.rx_frame[..self.rx_len];
+            let mut written = 0usize;
+            for desc in chain {
+                if written == frame.len() {
+                    break;
+                }
+                if !desc.is_write_only() {
+                    break;
+                }
+                let n = (desc.len() as usize).min(frame.len() - written);
+                if active
+                    .mem
+                    .write_slice(&frame[written..written + n], desc.addr())
+                    .is_err()
+                {
+                    break;
+                }
+                written += n;
+            }
+            let used = match written == frame.len() {
+                true => written as u32,
+                false => {
+                    log::debug!(
+                        "net {}: an RX buffer is too small or bad; frame dropped",
+                        self.id
+                    );
+                    0
+                }
+            };
+            if active.rx.add_used(&active.mem, head, used).is_err() {
+                log::debug!("net {}: RX used ring update failed", self.id);
+            }
+            used_any = true;
+            self.rx_len = 0;
+        }
+        if used_any {
+            notify(&mut active.rx, &active.mem, &active.irq);
+        }
+        self.active = Some(active);
+        self.arm_mmds_timer();
+        used_any
+    }
+
+    /// Puts the next frame for the guest into `rx_frame`: the MMDS's first, then the TAP's.
+    fn next_rx_frame(&mut self) -> bool {
+        if self.rx_frame.len() < MAX_FRAME {
+            self.rx_frame.resize(MAX_FRAME, 0);
+        }
+        if let Some(stack) = &mut self.mmds {
+            if let Some(frame) = stack.next_frame() {
+                let len = (VNET_HDR_LEN + frame.len()).min(MAX_FRAME);
+                self.rx_frame[..VNET_HDR_LEN].fill(0);
+                self.rx_frame[VNET_HDR_LEN..len].copy_from_slice(&frame[..len - VNET_HDR_LEN]);
+                set_num_buffers(&mut self.rx_frame);
+                self.rx_len = len;
+                stack.pop_frame();
+                return true;
+            }
+        }
+        match self.tap.read_frame(&mut self.rx_frame) {
+            Ok(n) if n >= VNET_HDR_LEN => {
+                set_num_buffers(&mut self.rx_frame);
+                self.rx_len = n;
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::WouldBlock {
+                    log::warn!("net {}: reading the TAP failed: {e}", self.id);
+                }
+                false
+            }
+        }
+    }
+
+    /// Sends every frame the guest queued: to the MMDS if it is for it, else to the TAP.
+    pub fn process_tx(&mut self) -> bool {
+        let Some(mut active) = self.active.take() else {
+            return false;
+        };
+        if self.tx_frame.len() < MAX_FRAME {
+            self.tx_frame.resize(MAX_FRAME, 0);
+        }
+        let mut used_any = false;
+        let mut to_mmds = false;
+        while let Some(chain) = active.tx.pop_descriptor_chain(&active.mem) {
+            let head = chain.head_index();
+            let mut len = 0usize;
+            let mut ok = true;
+            for desc in chain {
+                let n = desc.len() as usize;
+                if desc.is_write_only() || len + n > MAX_FRAME {
+                    ok = false;
+                    break;
+                }
+                if active
+                    .mem
+                    .read_slice(&mut self.tx_frame[len..len + n], desc.addr())
+                    .is_err()
+                {
+                    ok = false;
+                    break;
+                }
+                len += n;
+            }
+            if active.tx.add_used(&active.mem, head, 0).is_err() {
+                log::debug!("net {}: TX used ring update failed", self.id);
+            }
+            used_any = true;
+            if !ok || len < VNET_HDR_LEN {
+                log::debug!("net {}: a malformed TX chain was dropped", self.id);
+                continue;
+            }
+            let frame = &self.tx_frame[VNET_HDR_LEN..len];
+            if let Some(stack) = self.mmds.as_mut().filter(|s| s.wants(frame)) {
+                stack.receive(frame);
+                to_mmds = true;
+                continue;
+            }
+            if let Err(e) = self.tap.write_frame(&self.tx_frame[..len]) {
+                log::debug!("net {}: the TAP refused a frame: {e}", self.id);
+            }
+        }
+        if used_any {
+            notify(&mut active.tx, &active.mem, &active.irq);
+        }
+        self.active = Some(active);
+        if to_mmds {
+            self.process_rx();
+        }
+        used_any
+    }
+
+    fn on_mmds_timer(&mut self) {
+        let _ = self.mmds_timer.wait();
+        if let Some(stack) = &mut self.mmds {
+            stack.poll();
+        }
+        self.process_rx();
+    }
+
+    fn arm_mmds_timer(&mut self) {
+        let Some(stack) = &mut self.mmds else { return };
+        let result = match stack.poll_delay() {
+            Some(delay) => self.mmds_timer.reset(delay, None),
+            None => self.mmds_timer.clear(),
+        };
+        if let Err(e) = result {
+            log::warn!("net {}: cannot set the MMDS timer: {e}", self.id);
+        }
+    }
+
+    /// The TAP, for tests.
+    pub fn tap(&self) -> &Tap {
+        &self.tap
+    }
+}
+
+/// With VERSION_1 the header has `num_buffers`, which is 1 without mergeable buffers (the
+/// TAP leaves those two bytes as they were).
+fn set_num_buffers(frame: &mut [u8]) {
+    frame[10..12].copy_from_slice(&1u16.to_le_bytes());
+}
+
+/// Interrupts the guest unless it asked not to be (VRING_AVAIL_F_NO_INTERRUPT).
+fn notify(queue: &mut Queue, mem: &GuestMemory, irq: &IrqTrigger) {
+    if queue.needs_notification(mem).unwrap_or(true) {
+        let _ = irq.trigger(InterruptKind::Queue);
+    }
+}
+
+impl VirtioDevice for Net {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE, QUEUE_SIZE]
+    }
+
+    fn queue_events(&self) -> &[EventFd] {
+        &self.queue_events
+    }
+
+    fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+
+    fn set_acked_features(&mut self, features: u64) {
+        self.acked_features = features & self.avail_features;
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config_space, offset, data);
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemory,
+        queues: Vec<Queue>,
+        irq: Arc<IrqTrigger>,
+    ) -> Result<(), ActivateError> {
+        let found = queues.len();
+        let mut queues = queues.into_iter();
+        let (Some(rx), Some(tx), None) = (queues.next(), queues.next(), queues.next()) else {
+            return Err(ActivateError::QueueCount { expected: 2, found });
+        };
+        for (i, q) in [&rx, &tx].into_iter().enumerate() {
+            if !q.is_valid(&mem) {
+                return Err(ActivateError::InvalidQueue(i));
+            }
+        }
+        if let Err(e) = self.tap.set_offload(self.tap_offload()) {
+            log::warn!("net {}: the TAP refused offloads: {e}", self.id);
+            let _ = self.tap.set_offload(0);
+        }
+        self.active = Some(Active { mem, rx, tx, irq });
+        self.process_tx();
+        self.process_rx();
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.active = None;
+        self.acked_features = 0;
+        self.rx_len = 0;
+    }
+}
+
+impl MutEventSubscriber for Net {
+    fn init(&mut self, ops: &mut EventOps) {
+        let watch = [
+            Events::new(&self.queue_events[RX], EventSet::IN),
+            Events::new(&self.queue_events[TX], EventSet::IN),
+            Events::new(&self.tap, EventSet::IN | EventSet::EDGE_TRIGGERED),
+            Events::new(&self.mmds_timer, EventSet::IN),
+        ];
+        for events in watch {
+            if let Err(e) = ops.add(events) {
+                log::error!("net {}: cannot watch a descriptor: {e}", self.id);
+            }
+        }
+    }
+
+    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        let fd = events.fd();
+        if fd == self.queue_events[RX].as_raw_fd() {
+            let _ = self.queue_events[RX].read();
+            self.process_rx();
+        } else if fd == self.queue_events[TX].as_raw_fd() {
+            let _ = self.queue_events[TX].read();
+            self.process_tx();
+        } else if fd == self.tap.as_raw_fd() {
+            self.process_rx();
+        } else if fd == self.mmds_timer.as_raw_fd() {
+            self.on_mmds_timer();
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! `network-interfaces`: virtio-net devices on host TAP devices. PUT adds or replaces one
+//! before boot ([`NetworkInterfaceConfig`]); PATCH changes its rate limiters after boot
+//! ([`PartialNetworkInterface`]).
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::{valid_id, ConfigError, Later};
+
+/// A MAC address, written `aa:bb:cc:dd:ee:ff` in the API as in Firecracker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl std::str::FromStr for MacAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a MAC address (six hex bytes separated by ':')");
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.len() != 6 {
+            return Err(bad());
+        }
+        let mut mac = [0u8; 6];
+        for (byte, part) in mac.iter_mut().zip(parts) {
+            if part.len() != 2 {
+                return Err(bad());
+            }
+            *byte = u8::from_str_radix(part, 16).map_err(|_| bad())?;
+        }
+        Ok(MacAddr(mac))
+    }
+}
+
+impl std::fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for MacAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for MacAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkInterfaceConfig {
+    pub iface_id: String,
+    pub host_dev_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_mac: Option<MacAddr>,
+    /// Advertised with VIRTIO_NET_F_MTU when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// Accepted so that Firecracker's bodies parse; limiters come with rate limiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_rate_limiter: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tx_rate_limiter: Option<serde_json::Value>,
+}
+
+fn asks_for_limiter(v: &Option<serde_json::Value>) -> bool {
+    v.as_ref().is_some_and(|r| !r.is_null())
+}
+
+impl NetworkInterfaceConfig {
+    /// Checks the fields, and that the TAP device exists and can be attached to.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !valid_id(&self.iface_id) {
+            return Err(ConfigError::IfaceId(self.iface_id.clone()));
+        }
+        if let Some(mtu) = self.mtu {
+            if !(68..=65535).contains(&mtu) {
+                return Err(ConfigError::Mtu(mtu));
+            }
+        }
+        if asks_for_limiter(&self.rx_rate_limiter) || asks_for_limiter(&self.tx_rate_limiter) {
+            return Err(ConfigError::NotYet(Later::RateLimiters));
+        }
+        devices::virtio::net::Tap::open(&self.host_dev_name)
+            .map(drop)
+            .map_err(|e| ConfigError::Tap {
+                iface: self.iface_id.clone(),
+                reason: e.to_string(),
+            })
+    }
+}
+
+/// `PATCH /network-interfaces/{iface_id}`: new rate limiters for a booted guest.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartialNetworkInterface {
+    pub iface_id: String,
+    #[serde(default)]
+    pub rx_rate_limiter: Option<serde_json::Value>,
+    #[serde(default)]
+    pub tx_rate_limiter: Option<serde_json::Value>,
+}
+
+impl PartialNetworkInterface {
+    pub fn asks_for_limiter(&self) -> bool {
+        asks_for_limiter(&self.rx_rate_limiter) || asks_for_limiter(&self.tx_rate_limiter)
+    }
+}
