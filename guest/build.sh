@@ -4,6 +4,7 @@
 #   vmlinux, bzImage      linux-source-6.1 + pvm-syscall.patch + kernel.fragment (allnoconfig)
 #   rootfs.ext4           busybox-static + init, made with mkfs.ext4 -d (no mount, no loop)
 #   initramfs.cpio.gz     the same tree as an initramfs
+#   (both carry /bin/ember-agent, the project's static guest agent, src/guest-agent)
 # Prints the cache directory holding them on its last line.
 #
 #   guest/build.sh            build what is missing
@@ -26,10 +27,13 @@ kernel_key=$( {
     gcc -dumpfullversion 2>/dev/null || true
 } | sha256sum | cut -c1-16)
 kernel_dir="$cache_root/kernel-$kernel_key"
+repo=$(cd "$here/.." && pwd)
 key=$( {
     cat "$here/build.sh" "$here/init"
     echo "$kernel_key"
     pkg_version busybox-static
+    cat "$repo/Cargo.lock" "$repo/Cargo.toml" "$repo"/src/guest-agent/Cargo.toml "$repo"/src/guest-agent/src/*.rs
+    rustc -V 2>/dev/null || true
 } | sha256sum | cut -c1-16)
 out="$cache_root/guest-$key"
 if [ "${1:-}" = "--dir" ]; then
@@ -41,7 +45,7 @@ if [ -f "$out/done" ]; then
     exit 0
 fi
 
-for tool in make gcc bc flex bison cpio gzip mkfs.ext4 xz patch; do need "$tool"; done
+for tool in make gcc bc flex bison cpio gzip mkfs.ext4 xz patch cargo; do need "$tool"; done
 [ -f "$source_tar" ] || { echo "guest/build.sh: $source_tar is missing (apt-get install linux-source-6.1)" >&2; exit 1; }
 [ -x /bin/busybox ] || { echo "guest/build.sh: /bin/busybox is missing (apt-get install busybox-static)" >&2; exit 1; }
 
@@ -69,11 +73,19 @@ if [ ! -f "$kernel_dir/done" ]; then
     mv "$work/kernel" "$kernel_dir"
 fi
 
+echo "guest/build.sh: building the guest agent (static)" >&2
+# Its own target directory, so that the host build's artefacts are left alone.
+RUSTFLAGS="-C target-feature=+crt-static" cargo build -q --release --locked \
+    --manifest-path "$repo/Cargo.toml" -p guest-agent \
+    --target x86_64-unknown-linux-gnu --target-dir "$cache_root/agent-target" >&2
+agent="$cache_root/agent-target/x86_64-unknown-linux-gnu/release/ember-agent"
+
 echo "guest/build.sh: building the busybox root filesystem and initramfs" >&2
 tree="$work/tree"
 mkdir -p "$tree"/{bin,sbin,dev,proc,sys,tmp,etc,root,mnt}
 cp /bin/busybox "$tree/bin/busybox"
 cp "$here/init" "$tree/init"
+cp "$agent" "$tree/bin/ember-agent"
 ln -s ../init "$tree/sbin/init"
 ln -s busybox "$tree/bin/sh"
 # The applet links are made here rather than by `busybox --install` at boot: hundreds of

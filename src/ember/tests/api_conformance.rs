@@ -323,11 +323,6 @@ fn unknown_paths_wrong_methods_and_later_features() {
     }
     // Paths of features Ember does not have yet: 400 naming the feature.
     for (method, path, feature) in [
-        ("PUT", "/network-interfaces/eth0", "network interfaces"),
-        ("PATCH", "/network-interfaces/eth0", "network interfaces"),
-        ("PUT", "/mmds", "metadata service (MMDS)"),
-        ("GET", "/mmds", "metadata service (MMDS)"),
-        ("PUT", "/mmds/config", "metadata service (MMDS)"),
         ("PUT", "/vsock", "vsock device"),
         ("PUT", "/entropy", "entropy device"),
         ("PUT", "/balloon", "balloon device"),

@@ -164,7 +164,7 @@ fn drive_rules() {
     res.replace_drive(drive("a", false)).unwrap();
     res.add_drive(drive("b", true)).unwrap();
     assert_eq!(res.drives()[0].drive_id, "b");
-    for i in 0..(crate::resources::MAX_DRIVES - 2) {
+    for i in 0..(crate::resources::MAX_DEVICES - 2) {
         res.add_drive(drive(&format!("d{i}"), false)).unwrap();
     }
     assert!(matches!(
@@ -182,13 +182,6 @@ fn firecracker_sections_without_a_device_here_are_named() {
         r#"{{{boot}, "network-interfaces": [], "vsock": null, "balloon": null}}"#
     ))
     .unwrap();
-    let e = error_of(&format!(
-        r#"{{{boot}, "network-interfaces": [{{"iface_id": "eth0"}}]}}"#
-    ));
-    assert!(
-        e.contains("network interfaces (virtio-net) are not available"),
-        "{e}"
-    );
     let e = error_of(&format!(r#"{{{boot}, "vsock": {{"guest_cid": 3}}}}"#));
     assert!(e.contains("vsock device is not available"), "{e}");
     let e = error_of(&format!(
@@ -228,4 +221,53 @@ fn patch_changes_only_the_fields_it_names() {
     let next = update.apply(&current);
     assert_eq!((next.vcpu_count, next.mem_size_mib), (2, 256));
     assert!(parse_json::<MachineConfigUpdate>("{}").unwrap().is_empty());
+}
+
+#[test]
+fn network_interfaces_and_mmds_config_are_checked() {
+    let kernel = temp_file("kernel11");
+    let boot = format!(r#""boot-source": {{"kernel_image_path": "{kernel}"}}"#);
+    let iface = |fields: &str| {
+        error_of(&format!(
+            r#"{{{boot}, "network-interfaces": [{{"iface_id": "eth0", {fields}}}]}}"#
+        ))
+    };
+    let e = iface(r#""host_dev_name": "tap0", "guest_mac": "06:00:00:00:00""#);
+    assert!(
+        e.contains("network-interfaces[0].guest_mac") && e.contains("not a MAC address"),
+        "{e}"
+    );
+    let e = iface(r#""host_dev_name": "no-such-tap9""#);
+    assert!(
+        e.contains("there is no network device named no-such-tap9"),
+        "{e}"
+    );
+    let e = iface(r#""host_dev_name": "a/b""#);
+    assert!(e.contains("TAP device name"), "{e}");
+    let e = iface(r#""host_dev_name": "tap0", "mtu": 20"#);
+    assert!(e.contains("mtu must be between 68 and 65535"), "{e}");
+    let e = iface(
+        r#""host_dev_name": "tap0", "rx_rate_limiter": {"bandwidth": {"size": 1, "refill_time": 1}}"#,
+    );
+    assert!(e.contains("rate limiters are not available"), "{e}");
+    let e = iface(r#""host_dev_name": "tap0", "allow_mmds_requests": true"#);
+    assert!(e.contains("unknown field `allow_mmds_requests`"), "{e}");
+
+    let mmds = |body: &str| error_of(&format!(r#"{{{boot}, "mmds-config": {body}}}"#));
+    let e = mmds(r#"{"network_interfaces": ["eth0"]}"#);
+    assert!(
+        e.contains("does not correspond to any existing network interface: eth0"),
+        "{e}"
+    );
+    let e = mmds(r#"{"network_interfaces": []}"#);
+    assert!(e.contains("is empty"), "{e}");
+    let e = mmds(r#"{"network_interfaces": ["eth0"], "ipv4_address": "10.0.0.1"}"#);
+    assert!(e.contains("not a link-local address"), "{e}");
+    let e = mmds(r#"{"network_interfaces": ["eth0"], "version": "V3"}"#);
+    assert!(
+        e.contains("mmds-config.version") && e.contains("unknown variant `V3`"),
+        "{e}"
+    );
+    let e = mmds(r#"{"version": "V2"}"#);
+    assert!(e.contains("missing field `network_interfaces`"), "{e}");
 }

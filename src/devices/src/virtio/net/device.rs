@@ -377,6 +377,12 @@ impl VirtioDevice for Net {
                 return Err(ActivateError::InvalidQueue(i));
             }
         }
+        log::info!(
+            "net {}: the driver took features {:#x}; TAP offloads {:#x}",
+            self.id,
+            self.acked_features,
+            self.tap_offload()
+        );
         if let Err(e) = self.tap.set_offload(self.tap_offload()) {
             log::warn!("net {}: the TAP refused offloads: {e}", self.id);
             let _ = self.tap.set_offload(0);

@@ -1,0 +1,135 @@
+//! ember-agent: commands for the tests, one per invocation, each printing one result line.
+//!
+//!   ember-agent send HOST PORT BYTES SEED   connect, send the test pattern, print its checksum
+//!   ember-agent recv HOST PORT              connect, read to the end, print count and checksum
+//!   ember-agent connect-many IP PORT N      open N TCP connections at once; print how many
+//!                                           were accepted and how many refused
+//!   ember-agent raw-tcp IP PORT             send malformed and flooding TCP/IPv4 packets to
+//!                                           IP:PORT through a raw socket
+//!   ember-agent http IP PATH HEADER_BYTES   one GET with a header of HEADER_BYTES bytes; print
+//!                                           the status line
+
+mod raw;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Instant;
+
+use guest_agent::{Checksum, Pattern};
+
+const CHUNK: usize = 1 << 18;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["send", host, port, bytes, seed] => send(host, port, bytes, seed),
+        ["recv", host, port] => recv(host, port),
+        ["connect-many", ip, port, n] => connect_many(ip, port, n),
+        ["raw-tcp", ip, port] => raw::flood(ip, port),
+        ["http", ip, path, header] => http(ip, path, header),
+        _ => Err("usage: see the comment at the top of src/guest-agent/src/main.rs".into()),
+    };
+    match result {
+        Ok(line) => println!("ember-agent: {line}"),
+        Err(e) => {
+            println!("ember-agent: error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, String>;
+
+fn addr(host: &str, port: &str) -> Result<SocketAddr> {
+    format!("{host}:{port}")
+        .parse()
+        .map_err(|e| format!("bad address {host}:{port}: {e}"))
+}
+
+fn number(s: &str) -> Result<u64> {
+    s.parse().map_err(|e| format!("bad number {s}: {e}"))
+}
+
+fn send(host: &str, port: &str, bytes: &str, seed: &str) -> Result<String> {
+    let (mut left, seed) = (number(bytes)?, number(seed)?);
+    let mut stream = TcpStream::connect(addr(host, port)?).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut pattern = Pattern::new(seed);
+    let mut sum = Checksum::default();
+    let mut buf = vec![0u8; CHUNK];
+    let total = left;
+    while left > 0 {
+        let n = left.min(CHUNK as u64) as usize;
+        pattern.fill(&mut buf[..n]);
+        sum.update(&buf[..n]);
+        stream.write_all(&buf[..n]).map_err(|e| e.to_string())?;
+        left -= n as u64;
+    }
+    stream
+        .shutdown(std::net::Shutdown::Write)
+        .map_err(|e| e.to_string())?;
+    // Wait for the peer to finish reading, so the time covers the whole transfer.
+    let _ = stream.read(&mut buf);
+    Ok(format!(
+        "sent {total} checksum {:016x} in {} ms",
+        sum.value(),
+        started.elapsed().as_millis()
+    ))
+}
+
+fn recv(host: &str, port: &str) -> Result<String> {
+    let mut stream = TcpStream::connect(addr(host, port)?).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let mut sum = Checksum::default();
+    let mut buf = vec![0u8; CHUNK];
+    let mut total = 0u64;
+    loop {
+        let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        sum.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok(format!(
+        "received {total} checksum {:016x} in {} ms",
+        sum.value(),
+        started.elapsed().as_millis()
+    ))
+}
+
+fn connect_many(ip: &str, port: &str, n: &str) -> Result<String> {
+    let target = addr(ip, port)?;
+    let n = number(n)?;
+    let (mut accepted, mut refused, mut other) = (0, 0, 0);
+    let mut open = Vec::new();
+    for _ in 0..n {
+        match TcpStream::connect_timeout(&target, std::time::Duration::from_secs(5)) {
+            Ok(s) => {
+                accepted += 1;
+                open.push(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => refused += 1,
+            Err(_) => other += 1,
+        }
+    }
+    drop(open);
+    Ok(format!(
+        "accepted {accepted} refused {refused} failed {other}"
+    ))
+}
+
+fn http(ip: &str, path: &str, header: &str) -> Result<String> {
+    let size = number(header)? as usize;
+    let mut stream = TcpStream::connect(addr(ip, "80")?).map_err(|e| e.to_string())?;
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {ip}\r\nX-Padding: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(size)
+    );
+    // A server that answers early may close before it has read everything.
+    let _ = stream.write_all(request.as_bytes());
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply);
+    let text = String::from_utf8_lossy(&reply);
+    Ok(text.lines().next().unwrap_or("no answer").to_string())
+}
