@@ -6,8 +6,10 @@
 //!                                           were accepted and how many refused
 //!   ember-agent raw-tcp IP PORT             send malformed and flooding TCP/IPv4 packets to
 //!                                           IP:PORT through a raw socket
-//!   ember-agent http IP PATH HEADER_BYTES   one GET with a header of HEADER_BYTES bytes; print
-//!                                           the status line
+//!   ember-agent http IP METHOD PATH [NAME:VALUE]...
+//!                                           one HTTP request to IP:80; prints the status and
+//!                                           the body on one line. `pad:N` sends a header of
+//!                                           N bytes.
 
 mod raw;
 
@@ -26,7 +28,7 @@ fn main() {
         ["recv", host, port] => recv(host, port),
         ["connect-many", ip, port, n] => connect_many(ip, port, n),
         ["raw-tcp", ip, port] => raw::flood(ip, port),
-        ["http", ip, path, header] => http(ip, path, header),
+        ["http", ip, method, path, ref headers @ ..] => http(ip, method, path, headers),
         _ => Err("usage: see the comment at the top of src/guest-agent/src/main.rs".into()),
     };
     match result {
@@ -119,17 +121,35 @@ fn connect_many(ip: &str, port: &str, n: &str) -> Result<String> {
     ))
 }
 
-fn http(ip: &str, path: &str, header: &str) -> Result<String> {
-    let size = number(header)? as usize;
+fn http(ip: &str, method: &str, path: &str, headers: &[&str]) -> Result<String> {
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n");
+    for header in headers {
+        let (name, value) = header
+            .split_once(':')
+            .ok_or_else(|| format!("bad header {header}"))?;
+        match name {
+            "pad" => request.push_str(&format!(
+                "X-Padding: {}\r\n",
+                "a".repeat(number(value)? as usize)
+            )),
+            _ => request.push_str(&format!("{name}: {value}\r\n")),
+        }
+    }
+    request.push_str("\r\n");
     let mut stream = TcpStream::connect(addr(ip, "80")?).map_err(|e| e.to_string())?;
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {ip}\r\nX-Padding: {}\r\nConnection: close\r\n\r\n",
-        "a".repeat(size)
-    );
-    // A server that answers early may close before it has read everything.
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .map_err(|e| e.to_string())?;
+    // A server that refuses early may close before it has read everything.
     let _ = stream.write_all(request.as_bytes());
     let mut reply = Vec::new();
     let _ = stream.read_to_end(&mut reply);
     let text = String::from_utf8_lossy(&reply);
-    Ok(text.lines().next().unwrap_or("no answer").to_string())
+    let status = text
+        .lines()
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .unwrap_or("none");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Ok(format!("status {status} body {}", body.replace('\n', "|")))
 }

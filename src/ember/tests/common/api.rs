@@ -200,8 +200,21 @@ impl Ember {
     /// Starts ember with its socket in `scratch` and `extra` arguments, and waits (up to 5 s)
     /// for the socket to appear.
     pub fn start(scratch: &Scratch, extra: &[&str]) -> Ember {
+        Ember::start_in(scratch, extra, None)
+    }
+
+    /// [`Ember::start`] inside network namespace `netns` (as the jailer's `--netns` would).
+    pub fn start_in(scratch: &Scratch, extra: &[&str], netns: Option<&str>) -> Ember {
         let sock = scratch.path("api.sock");
-        let mut child = Command::new(EMBER)
+        let mut command = match netns {
+            None => Command::new(EMBER),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, EMBER]);
+                c
+            }
+        };
+        let mut child = command
             .arg("--api-sock")
             .arg(&sock)
             .args(extra)

@@ -1,0 +1,150 @@
+//! The network and MMDS API without a guest: Firecracker's bodies, status codes and rules,
+//! and the bad input of the issue (unknown interface, missing TAP, duplicate MAC or TAP, MMDS
+//! data over the limit, an MMDS config naming an unknown interface). The TAP devices live in
+//! a network namespace the test makes.
+
+mod common;
+
+use common::api::Ember;
+use common::netns::NetNs;
+use common::*;
+use serde_json::json;
+
+#[test]
+fn network_interfaces_and_the_mmds_through_the_api() {
+    let Some(ns) = NetNs::new_or_skip("network_interfaces_and_the_mmds_through_the_api") else {
+        return;
+    };
+    ns.add_tap("tap0", None, 1500);
+    ns.add_tap("tap1", None, 1500);
+    let s = Scratch::new("api-net");
+    let ember = Ember::start_in(&s, &["--mmds-size-limit", "200"], Some(&ns.name));
+    let mut c = ember.client();
+    let eth0 =
+        json!({"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:0a:00:00:02"});
+    c.put("/network-interfaces/eth0", &eth0).expect(204, "");
+    // Replacing an interface before boot is allowed; its own MAC and TAP are no conflict.
+    c.put("/network-interfaces/eth0", &eth0).expect(204, "");
+    c.put(
+        "/network-interfaces/eth1",
+        &json!({"iface_id": "eth1", "host_dev_name": "tap0"}),
+    )
+    .expect(
+        400,
+        "the host device tap0 is already used by network interface eth0",
+    );
+    c.put(
+        "/network-interfaces/eth1",
+        &json!({"iface_id": "eth1", "host_dev_name": "tap1", "guest_mac": "06:00:0A:00:00:02"}),
+    )
+    .expect(
+        400,
+        "the MAC address 06:00:0a:00:00:02 is already used by network interface eth0",
+    );
+    c.put(
+        "/network-interfaces/eth1",
+        &json!({"iface_id": "eth1", "host_dev_name": "nosuchtap"}),
+    )
+    .expect(400, "there is no network device named nosuchtap");
+    c.put(
+        "/network-interfaces/eth1",
+        &json!({"iface_id": "eth1", "host_dev_name": "tap1", "guest_mac": "zz"}),
+    )
+    .expect(
+        400,
+        "network-interfaces.guest_mac: \"zz\" is not a MAC address",
+    );
+    c.put(
+        "/network-interfaces/eth2",
+        &json!({"iface_id": "eth1", "host_dev_name": "tap1"}),
+    )
+    .expect(
+        400,
+        "The id from the path does not match the id from the body!",
+    );
+    c.put(
+        "/network-interfaces/eth1",
+        &json!({"iface_id": "eth1", "host_dev_name": "tap1", "mtu": 9000}),
+    )
+    .expect(204, "");
+    c.patch("/network-interfaces/eth0", &json!({"iface_id": "eth0"}))
+        .expect(400, "not supported before starting the microVM");
+
+    // MMDS configuration: its interfaces must exist.
+    c.put("/mmds/config", &json!({"network_interfaces": ["eth9"]}))
+        .expect(
+            400,
+            "does not correspond to any existing network interface: eth9",
+        );
+    c.put("/mmds/config", &json!({"network_interfaces": []}))
+        .expect(400, "is empty");
+    c.put(
+        "/mmds/config",
+        &json!({"network_interfaces": ["eth0"], "ipv4_address": "169.254.0.1"}),
+    )
+    .expect(400, "not a link-local address");
+    c.put(
+        "/mmds/config",
+        &json!({"network_interfaces": ["eth0"], "version": "V2", "ipv4_address": "169.254.170.2"}),
+    )
+    .expect(204, "");
+
+    // The data store: {} before the first PUT, a merge patch, and the size limit (413).
+    assert_eq!(c.get("/mmds").expect(200, "").json(), json!({}));
+    c.patch("/mmds", &json!({"a": 1}))
+        .expect(400, "The MMDS data store is not initialized.");
+    c.put("/mmds", &json!({"latest": {"id": "i-1", "gone": "x"}}))
+        .expect(204, "");
+    c.patch("/mmds", &json!({"latest": {"gone": null, "new": [1, 2]}}))
+        .expect(204, "");
+    assert_eq!(
+        c.get("/mmds").expect(200, "").json(),
+        json!({"latest": {"id": "i-1", "new": [1, 2]}})
+    );
+    let big = json!({"latest": {"blob": "x".repeat(300)}});
+    c.put("/mmds", &big)
+        .expect(413, "more than its limit of 200 bytes");
+    c.patch("/mmds", &big)
+        .expect(413, "more than its limit of 200 bytes");
+    assert_eq!(
+        c.get("/mmds").expect(200, "").json()["latest"]["id"],
+        json!("i-1")
+    );
+    c.request("PUT", "/mmds", Some("{\"a\": "))
+        .expect(400, "EOF while parsing");
+    let r = c.request("DELETE", "/mmds", None);
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("Allow"), Some("GET, PUT, PATCH"));
+
+    // GET /vm/config shows both sections in the config-file format.
+    let config = c.get("/vm/config").expect(200, "").json();
+    assert_eq!(
+        config["network-interfaces"],
+        json!([
+            {"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:0a:00:00:02"},
+            {"iface_id": "eth1", "host_dev_name": "tap1", "mtu": 9000}
+        ])
+    );
+    assert_eq!(
+        config["mmds-config"],
+        json!({"version": "V2", "network_interfaces": ["eth0"], "ipv4_address": "169.254.170.2", "imds_compat": false})
+    );
+}
+
+#[test]
+fn a_config_file_with_an_interface_that_does_not_exist_is_refused() {
+    let s = Scratch::new("net-file");
+    let kernel = s.file("kernel", b"not a kernel");
+    let config = json!({
+        "boot-source": {"kernel_image_path": kernel},
+        "network-interfaces": [{"iface_id": "eth0", "host_dev_name": "ember-none0"}],
+    });
+    let run = run_config(&s, &config);
+    assert_eq!(run.status, Some(1));
+    assert!(
+        run.stderr
+            .contains("network interface eth0: there is no network device named ember-none0"),
+        "{}",
+        run.stderr
+    );
+}
