@@ -6,3 +6,6 @@ pub mod tap;
 
 pub use device::{Error, MmdsLink, Net, NetConfig, QUEUE_SIZE};
 pub use tap::{Tap, TapError};
+
+#[cfg(test)]
+mod tests;
