@@ -102,7 +102,9 @@ struct Conn {
     response: Vec<u8>,
     sent: usize,
     close_after: bool,
+    /// Since when the connection has made no progress; set when it leaves LISTEN.
     last_progress: std::time::Instant,
+    listening: bool,
 }
 
 impl Conn {
@@ -112,6 +114,7 @@ impl Conn {
         self.sent = 0;
         self.close_after = false;
         self.last_progress = now;
+        self.listening = true;
     }
 }
 
@@ -283,7 +286,10 @@ impl MmdsStack {
             let conn = &mut self.conns[i];
             let socket = self.sockets.get_mut::<tcp::Socket>(conn.handle);
             match socket.state() {
-                tcp::State::Listen => continue,
+                tcp::State::Listen => {
+                    conn.listening = true;
+                    continue;
+                }
                 // The guest has the whole response; a TIME-WAIT would only hold the socket.
                 tcp::State::Closed | tcp::State::TimeWait => {
                     socket.abort();
@@ -292,6 +298,11 @@ impl MmdsStack {
                     continue;
                 }
                 _ => {}
+            }
+            if conn.listening {
+                // A SYN came in since the last look: the handshake's clock starts now.
+                conn.listening = false;
+                conn.last_progress = now;
             }
             if conn.last_progress.elapsed() >= timeout {
                 log::debug!("MMDS: dropping a connection that made no progress");
@@ -331,6 +342,7 @@ impl MmdsStack {
                 sent: 0,
                 close_after: false,
                 last_progress: now,
+                listening: true,
             });
         }
     }

@@ -232,3 +232,20 @@ fn a_syn_flood_is_bounded_and_the_stack_recovers() {
     let r = wire.exchange(&mut stack, h, "GET /latest/id HTTP/1.1\r\n\r\n");
     assert!(r.ends_with("i-42"), "{r}");
 }
+
+#[test]
+fn one_connection_after_another() {
+    let mut stack = stack();
+    let mut wire = Wire::new();
+    for port in 41000..41010 {
+        if port == 41005 {
+            // Listening sockets that waited longer than a handshake may take still accept.
+            std::thread::sleep(HANDSHAKE_TIMEOUT + Duration::from_millis(100));
+        }
+        let h = wire.connect(&mut stack, port);
+        let r = wire.exchange(&mut stack, h, "GET /latest/id HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert!(r.ends_with("i-42"), "connection from port {port}: {r:?}");
+        wire.sockets.get_mut::<tcp::Socket>(h).close();
+        wire.run(&mut stack);
+    }
+}
