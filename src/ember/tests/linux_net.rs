@@ -398,6 +398,23 @@ fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
     c.instance_start();
     ember.wait_for("\nhostile-start", LINUX_DEADLINE);
     let before = ember.rss_kib();
+    // After boot: PATCH may change only rate limiters; the rest is refused as Firecracker does.
+    c.patch("/network-interfaces/eth0", &json!({"iface_id": "eth0"}))
+        .expect(204, "");
+    c.patch(
+        "/network-interfaces/eth0",
+        &json!({"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 10, "refill_time": 100}}}),
+    )
+    .expect(400, "rate limiters are not available");
+    c.patch("/network-interfaces/eth7", &json!({"iface_id": "eth7"}))
+        .expect(400, "there is no network interface with iface_id eth7");
+    c.put(
+        "/network-interfaces/eth1",
+        &json!({"iface_id": "eth1", "host_dev_name": "tap0"}),
+    )
+    .expect(400, "not supported after starting the microVM");
+    c.put("/mmds/config", &json!({"network_interfaces": ["eth0"]}))
+        .expect(400, "not supported after starting the microVM");
     ember.wait_for("\nhostile-done", LINUX_DEADLINE);
     let after = ember.rss_kib();
     assert_eq!(

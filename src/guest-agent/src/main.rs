@@ -6,6 +6,8 @@
 //!                                           were accepted and how many refused
 //!   ember-agent raw-tcp IP PORT             send malformed and flooding TCP/IPv4 packets to
 //!                                           IP:PORT through a raw socket
+//!   ember-agent http-latency IP PATH N      N GETs, one connection each; prints the median,
+//!                                           minimum and maximum time per request in µs
 //!   ember-agent http IP METHOD PATH [NAME:VALUE]...
 //!                                           one HTTP request to IP:80; prints the status and
 //!                                           the body on one line. `pad:N` sends a header of
@@ -28,6 +30,7 @@ fn main() {
         ["recv", host, port] => recv(host, port),
         ["connect-many", ip, port, n] => connect_many(ip, port, n),
         ["raw-tcp", ip, port] => raw::flood(ip, port),
+        ["http-latency", ip, path, n] => http_latency(ip, path, n),
         ["http", ip, method, path, ref headers @ ..] => http(ip, method, path, headers),
         _ => Err("usage: see the comment at the top of src/guest-agent/src/main.rs".into()),
     };
@@ -118,6 +121,26 @@ fn connect_many(ip: &str, port: &str, n: &str) -> Result<String> {
     drop(open);
     Ok(format!(
         "accepted {accepted} refused {refused} failed {other}"
+    ))
+}
+
+fn http_latency(ip: &str, path: &str, n: &str) -> Result<String> {
+    let n = number(n)?.max(1);
+    let mut times = Vec::new();
+    for _ in 0..n {
+        let started = Instant::now();
+        let line = http(ip, "GET", path, &[])?;
+        times.push(started.elapsed().as_micros());
+        if !line.starts_with("status 200") {
+            return Err(format!("GET {path}: {line}"));
+        }
+    }
+    times.sort_unstable();
+    Ok(format!(
+        "http-latency n {n} median_us {} min_us {} max_us {}",
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1]
     ))
 }
 

@@ -243,7 +243,11 @@ fn one_connection_after_another() {
             std::thread::sleep(HANDSHAKE_TIMEOUT + Duration::from_millis(100));
         }
         let h = wire.connect(&mut stack, port);
-        let r = wire.exchange(&mut stack, h, "GET /latest/id HTTP/1.1\r\nConnection: close\r\n\r\n");
+        let r = wire.exchange(
+            &mut stack,
+            h,
+            "GET /latest/id HTTP/1.1\r\nConnection: close\r\n\r\n",
+        );
         assert!(r.ends_with("i-42"), "connection from port {port}: {r:?}");
         wire.sockets.get_mut::<tcp::Socket>(h).close();
         wire.run(&mut stack);

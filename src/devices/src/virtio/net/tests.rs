@@ -50,10 +50,8 @@ impl Namespace {
         exec(&["ip", "link", "set", "tap0", "up"]);
         let file = std::fs::File::open(format!("/var/run/netns/{}", ns.0)).unwrap();
         // SAFETY: setns takes a descriptor we own; it moves only this thread.
-        assert_eq!(
-            unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) },
-            0
-        );
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0);
         Some(ns)
     }
 
