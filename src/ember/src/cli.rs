@@ -83,6 +83,14 @@ impl Args {
 /// A request body larger than this would not be a configuration.
 const MAX_PAYLOAD_LIMIT: usize = 64 << 20;
 
+/// A size in bytes from 1 to [`MAX_PAYLOAD_LIMIT`].
+fn parse_size(value: &str) -> Option<usize> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (1..=MAX_PAYLOAD_LIMIT).contains(n))
+}
+
 fn parse_level(value: &str) -> Result<log::LevelFilter, Error> {
     Ok(match value.to_ascii_lowercase().as_str() {
         "off" => log::LevelFilter::Off,
@@ -161,24 +169,16 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
             "--config-file" => out.config_file = Some(value),
             "--no-api" => out.no_api = true,
             "--http-api-max-payload-size" => {
-                out.max_payload = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_PAYLOAD_LIMIT).contains(n))
-                    .ok_or(Error::MaxPayload {
-                        value,
-                        max: MAX_PAYLOAD_LIMIT,
-                    })?;
+                out.max_payload = parse_size(&value).ok_or(Error::MaxPayload {
+                    value,
+                    max: MAX_PAYLOAD_LIMIT,
+                })?;
             }
             "--mmds-size-limit" => {
-                let limit = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_PAYLOAD_LIMIT).contains(n))
-                    .ok_or(Error::MmdsSizeLimit {
-                        value,
-                        max: MAX_PAYLOAD_LIMIT,
-                    })?;
+                let limit = parse_size(&value).ok_or(Error::MmdsSizeLimit {
+                    value,
+                    max: MAX_PAYLOAD_LIMIT,
+                })?;
                 out.mmds_size_limit = Some(limit);
             }
             "--metadata" => out.metadata = Some(value),

@@ -29,6 +29,12 @@ fn mtu() -> u32 {
     }
 }
 
+/// The Linux images and a fresh namespace, or None after printing why not.
+fn linux_and_netns_or_skip(test: &str) -> Option<(Images, NetNs)> {
+    let img = linux_or_skip(test)?;
+    Some((img, NetNs::new_or_skip(test)?))
+}
+
 fn start_linux(
     ns: &NetNs,
     s: &Scratch,
@@ -139,22 +145,11 @@ fn agent_field(lines: &[String], prefix: &str, key: &str) -> String {
     words.next().unwrap_or_default().to_string()
 }
 
-fn output_lines(stdout: &str) -> Vec<String> {
-    let start = stdout.find("EMBER-CMD-BEGIN").expect("the command ran");
-    stdout[start..]
-        .lines()
-        .map(|l| l.trim().to_string())
-        .take_while(|l| !l.starts_with("EMBER-CMD-END"))
-        .collect()
-}
-
 #[test]
 fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
-    let test = "linux_pings_and_moves_100_mib_each_way_on_two_interfaces";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
-    let Some(ns) = NetNs::new_or_skip(test) else {
+    let Some((img, ns)) =
+        linux_and_netns_or_skip("linux_pings_and_moves_100_mib_each_way_on_two_interfaces")
+    else {
         return;
     };
     let mtu = mtu();
@@ -188,7 +183,7 @@ fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
         "{}",
         ember.stdout()
     );
-    let lines = output_lines(&ember.stdout());
+    let lines = command_lines(&ember.stdout());
     eprintln!("guest run {:?}: {lines:#?}", started.elapsed());
 
     // The guest sees the configured MACs (and MTU); so does the host, from its ARP table.
@@ -275,11 +270,9 @@ fn watch_tap(
 
 #[test]
 fn linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap() {
-    let test = "linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
-    let Some(ns) = NetNs::new_or_skip(test) else {
+    let Some((img, ns)) =
+        linux_and_netns_or_skip("linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap")
+    else {
         return;
     };
     ns.add_tap("tap0", Some("10.51.0.1/24"), mtu());
@@ -331,7 +324,7 @@ fn linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap() {
     eprintln!("the guest saw the PATCH {:?} after it", patched.elapsed());
     stop.store(true, Ordering::SeqCst);
     let (naming_mmds, from_guest) = watcher.join().unwrap();
-    let lines = output_lines(&ember.stdout());
+    let lines = command_lines(&ember.stdout());
     eprintln!("{lines:#?}");
 
     let has = |l: &str| lines.iter().any(|x| x == l);
@@ -366,11 +359,9 @@ fn linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap() {
 
 #[test]
 fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
-    let test = "linux_hostile_traffic_to_the_mmds_leaves_it_answering";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
-    let Some(ns) = NetNs::new_or_skip(test) else {
+    let Some((img, ns)) =
+        linux_and_netns_or_skip("linux_hostile_traffic_to_the_mmds_leaves_it_answering")
+    else {
         return;
     };
     ns.add_tap("tap0", Some("10.52.0.1/24"), mtu());
@@ -423,7 +414,7 @@ fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
         "{}",
         ember.stdout()
     );
-    let lines = output_lines(&ember.stdout());
+    let lines = command_lines(&ember.stdout());
     eprintln!("{lines:#?}\nember RSS {before} KiB before, {after} KiB after");
 
     let has = |l: &str| lines.iter().any(|x| x == l);

@@ -48,7 +48,11 @@ pub fn linux_or_skip(test: &str) -> Option<Images> {
 
 /// The lines the test command printed.
 pub fn command_output(run: &Run) -> Vec<String> {
-    let out = &run.stdout;
+    command_lines(&run.stdout)
+}
+
+/// The non-empty lines between the init's command markers in `out`.
+pub fn command_lines(out: &str) -> Vec<String> {
     let start = out.find("EMBER-CMD-BEGIN").expect("command ran") + "EMBER-CMD-BEGIN".len();
     let end = out.find("EMBER-CMD-END").expect("command ended");
     out[start..end]
