@@ -177,6 +177,15 @@ fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
     let (mut ember, mut c) = start_linux(&ns, &s, &img, &ifaces, &cmd);
     let started = Instant::now();
     c.instance_start();
+    // While the guest runs (a TAP that goes down forgets its neighbours), the host has
+    // learnt each configured MAC from the guest's ARP.
+    ember.wait_for("\nping-eth1-ok", LINUX_DEADLINE);
+    assert!(ns
+        .exec(&["ip", "neigh", "show", "dev", "tap0"])
+        .contains("06:00:0a:32:01:02"));
+    assert!(ns
+        .exec(&["ip", "neigh", "show", "dev", "tap1"])
+        .contains("06:00:0a:32:02:02"));
     assert_eq!(
         ember.wait_exit(LINUX_DEADLINE),
         Some(0),
@@ -194,12 +203,6 @@ fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
             mtu.to_string()
         );
     }
-    assert!(ns
-        .exec(&["ip", "neigh", "show", "dev", "tap0"])
-        .contains("06:00:0a:32:01:02"));
-    assert!(ns
-        .exec(&["ip", "neigh", "show", "dev", "tap1"])
-        .contains("06:00:0a:32:02:02"));
     assert!(lines.iter().any(|l| l == "ping-eth0-ok"), "{lines:#?}");
     assert!(lines.iter().any(|l| l == "ping-eth1-ok"), "{lines:#?}");
 
