@@ -425,14 +425,16 @@ fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
     assert!(lines
         .iter()
         .any(|l| l.starts_with("ember-agent: raw packets sent ")));
-    // At most 32 connections at once; the rest are refused, none hang.
+    // The guest holds every connection it gets open. The MMDS takes 32 at a time and drops
+    // one after 5 s without a request, so some of the 1,000 are accepted and the others
+    // refused at once (RST); none hang.
     let accepted: usize = agent_field(&lines, "ember-agent: accepted", "accepted")
         .parse()
         .unwrap();
     let refused: usize = agent_field(&lines, "ember-agent: accepted", "refused")
         .parse()
         .unwrap();
-    assert!((1..=32).contains(&accepted), "{lines:#?}");
+    assert!(accepted >= 32 && refused > 0, "{lines:#?}");
     assert_eq!(accepted + refused, 1000, "{lines:#?}");
     assert!(
         has("ember-agent: accepted 0 refused 3 failed 0"),
