@@ -321,6 +321,11 @@ impl Net {
     pub fn tap(&self) -> &Tap {
         &self.tap
     }
+
+    /// Whether a frame is waiting here for an RX buffer.
+    pub fn has_waiting_frame(&self) -> bool {
+        self.rx_len > 0
+    }
 }
 
 /// With VERSION_1 the header has `num_buffers`, which is 1 without mergeable buffers (the

@@ -287,3 +287,30 @@ fn the_mmds_answers_arp_and_its_frames_stay_off_the_tap() {
         "the ARP request did not reach the TAP"
     );
 }
+
+#[test]
+fn without_rx_buffers_frames_wait_in_the_tap() {
+    let Some(_ns) = Namespace::enter("backpressure") else {
+        return;
+    };
+    let mut rig = Rig::new(None);
+    // Broadcasts need no ARP: each send is one frame on the TAP.
+    let udp = std::net::UdpSocket::bind("10.77.0.1:0").unwrap();
+    udp.set_broadcast(true).unwrap();
+    for _ in 0..5 {
+        udp.send_to(b"x", (Ipv4Addr::new(10, 77, 0, 255), 9))
+            .unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // No buffers: nothing is used however often ember is woken, and it holds one frame
+    // (the others stay in the TAP, whose queue the host bounds), which is not lost.
+    for _ in 0..3 {
+        assert!(!rig.net.process_rx());
+    }
+    assert!(rig.net.has_waiting_frame());
+    assert!(rig.used(false).is_empty());
+    // A buffer: the held frame goes to the guest.
+    rig.offer(false, 0, &[desc(0x20_0000, 2048, WRITE, 0)]);
+    assert!(rig.net.process_rx());
+    assert_eq!(rig.used(false).len(), 1);
+}
