@@ -33,12 +33,7 @@ fn press_ctrl_alt_del(ember: &mut Ember, c: &mut Client) -> Vec<String> {
     ember.wait_for("\nember-keyboard-ready", LINUX_DEADLINE);
     c.put("/actions", &json!({"action_type": "SendCtrlAltDel"}))
         .expect(204, "");
-    assert_eq!(
-        ember.wait_exit(LINUX_DEADLINE),
-        Some(0),
-        "{}",
-        ember.stdout()
-    );
+    ember.wait_clean_exit(LINUX_DEADLINE);
     ember
         .stdout()
         .lines()

@@ -186,12 +186,7 @@ fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
     assert!(ns
         .exec(&["ip", "neigh", "show", "dev", "tap1"])
         .contains("06:00:0a:32:02:02"));
-    assert_eq!(
-        ember.wait_exit(LINUX_DEADLINE),
-        Some(0),
-        "{}",
-        ember.stdout()
-    );
+    ember.wait_clean_exit(LINUX_DEADLINE);
     let lines = command_lines(&ember.stdout());
     eprintln!("guest run {:?}: {lines:#?}", started.elapsed());
 
@@ -318,12 +313,7 @@ fn linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap() {
     let patched = Instant::now();
     c.patch("/mmds", &json!({"latest": {"meta-data": {"phase": "two"}}}))
         .expect(204, "");
-    assert_eq!(
-        ember.wait_exit(LINUX_DEADLINE),
-        Some(0),
-        "{}",
-        ember.stdout()
-    );
+    ember.wait_clean_exit(LINUX_DEADLINE);
     eprintln!("the guest saw the PATCH {:?} after it", patched.elapsed());
     stop.store(true, Ordering::SeqCst);
     let (naming_mmds, from_guest) = watcher.join().unwrap();
@@ -411,12 +401,7 @@ fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
         .expect(400, "not supported after starting the microVM");
     ember.wait_for("\nhostile-done", LINUX_DEADLINE);
     let after = ember.rss_kib();
-    assert_eq!(
-        ember.wait_exit(LINUX_DEADLINE),
-        Some(0),
-        "{}",
-        ember.stdout()
-    );
+    ember.wait_clean_exit(LINUX_DEADLINE);
     let lines = command_lines(&ember.stdout());
     eprintln!("{lines:#?}\nember RSS {before} KiB before, {after} KiB after");
 

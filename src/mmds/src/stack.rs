@@ -170,13 +170,9 @@ impl MmdsStack {
         self.ip
     }
 
-    /// Whether a guest frame is for the MMDS (it must then go to [`MmdsStack::receive`]).
-    pub fn wants(&self, frame: &[u8]) -> bool {
-        frame::destination(frame, self.ip) != Destination::Tap
-    }
-
-    /// Takes one guest frame for the MMDS and answers what can be answered now.
-    pub fn receive(&mut self, frame: &[u8]) {
+    /// Takes one guest frame if it is for the MMDS, and answers what can be answered now;
+    /// false if it is not (it then goes to the TAP).
+    pub fn receive(&mut self, frame: &[u8]) -> bool {
         match frame::destination(frame, self.ip) {
             Destination::Arp => {
                 if let Some(reply) = frame::arp_reply(frame, MMDS_MAC, self.ip) {
@@ -194,8 +190,9 @@ impl MmdsStack {
                 }
                 self.poll();
             }
-            Destination::Tap => {}
+            Destination::Tap => return false,
         }
+        true
     }
 
     /// The next frame for the guest, if any; it stays queued until [`MmdsStack::pop_frame`].
@@ -426,15 +423,12 @@ fn serve_connection(
 
 fn random_seed() -> u64 {
     let mut seed = [0u8; 8];
-    // SAFETY: getrandom writes at most 8 bytes into `seed`, which we own.
-    let n = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
-    if n == 8 {
-        u64::from_ne_bytes(seed)
-    } else {
-        std::time::SystemTime::now()
+    match crate::token::random_bytes(&mut seed) {
+        Ok(()) => u64::from_ne_bytes(seed),
+        Err(_) => std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
+            .unwrap_or(1),
     }
 }
 

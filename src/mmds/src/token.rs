@@ -57,6 +57,12 @@ impl TokenTable {
 
 fn random_hex(bytes: usize) -> Result<String, TokenError> {
     let mut buf = vec![0u8; bytes];
+    random_bytes(&mut buf).map_err(|e| TokenError::Random(e.to_string()))?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Fills `buf` from the kernel's random source (getrandom(2)).
+pub(crate) fn random_bytes(buf: &mut [u8]) -> std::io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
         let rest = &mut buf[filled..];
@@ -67,11 +73,11 @@ fn random_hex(bytes: usize) -> Result<String, TokenError> {
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(TokenError::Random(e.to_string()));
+            return Err(e);
         }
         filled += n as usize;
     }
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(())
 }
 
 #[cfg(test)]

@@ -194,16 +194,7 @@ fn assemble(
     }
     let mut slot = 0;
     for drive in resources.drives() {
-        let block = Block::new(&BlockConfig {
-            id: drive.drive_id.clone(),
-            path: drive.path_on_host.clone().into(),
-            read_only: drive.is_read_only,
-            cache: match drive.cache_type {
-                config::CacheType::Unsafe => CacheType::Unsafe,
-                config::CacheType::Writeback => CacheType::Writeback,
-            },
-        })
-        .map_err(|source| BuildError::Drive {
+        let block = Block::new(&block_config(drive)).map_err(|source| BuildError::Drive {
             id: drive.drive_id.clone(),
             source,
         })?;
@@ -315,6 +306,19 @@ fn attach_legacy(
         exit: exit.clone(),
     })));
     Ok(i8042)
+}
+
+/// What the block device for `drive` needs.
+fn block_config(drive: &DriveConfig) -> BlockConfig {
+    BlockConfig {
+        id: drive.drive_id.clone(),
+        path: drive.path_on_host.clone().into(),
+        read_only: drive.is_read_only,
+        cache: match drive.cache_type {
+            config::CacheType::Unsafe => CacheType::Unsafe,
+            config::CacheType::Writeback => CacheType::Writeback,
+        },
+    }
 }
 
 /// What the net device for `iface` needs, with the MMDS if the interface reaches it.

@@ -72,9 +72,6 @@ impl Controller {
             event_manager
                 .add_subscriber(Arc::new(std::sync::Mutex::new(Wakeup { evt, what: "API" })));
         }
-        if let Some(config) = &resources.mmds_config {
-            mmds::lock(&mmds).configure(config.version, config.imds_compat);
-        }
         Ok(Controller {
             id,
             resources,
@@ -91,6 +88,10 @@ impl Controller {
     pub fn start(&mut self) -> Result<(), ActionError> {
         if self.vm.is_some() {
             return Err(ActionError::NotSupportedPostBoot);
+        }
+        // The MMDS configuration is pre-boot only; the guest is the only one it concerns.
+        if let Some(config) = &self.resources.mmds_config {
+            mmds::lock(&self.mmds).configure(config.version, config.imds_compat);
         }
         let mut vm = builder::build(&self.resources, &self.console, &self.exit, &self.mmds)
             .map_err(|e| ActionError::Start(e.to_string()))?;
@@ -209,12 +210,7 @@ impl Controller {
             VmmAction::PutNetworkInterface(iface) => {
                 empty(self.resources.replace_network_interface(iface))
             }
-            VmmAction::PutMmdsConfig(config) => {
-                let (version, compat) = (config.version, config.imds_compat);
-                self.resources.set_mmds_config(config)?;
-                mmds::lock(&self.mmds).configure(version, compat);
-                Ok(VmmData::Empty)
-            }
+            VmmAction::PutMmdsConfig(config) => empty(self.resources.set_mmds_config(config)),
             VmmAction::PutMmds(value) => {
                 mmds::lock(&self.mmds).put(value)?;
                 Ok(VmmData::Empty)

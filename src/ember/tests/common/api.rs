@@ -292,6 +292,12 @@ impl Ember {
         None
     }
 
+    /// Waits for ember to exit with status 0; panics with its output otherwise.
+    pub fn wait_clean_exit(&mut self, deadline: Duration) {
+        let status = self.wait_exit(deadline);
+        assert_eq!(status, Some(0), "{}", self.stdout());
+    }
+
     pub fn terminate(&mut self) -> Option<i32> {
         // SAFETY: kill(2) on our own child's pid; it cannot affect memory.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };

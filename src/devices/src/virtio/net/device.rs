@@ -66,6 +66,14 @@ struct Active {
     irq: Arc<IrqTrigger>,
 }
 
+/// The MMDS on this interface: its stack, and the timer for the stack's retransmissions
+/// and timeouts, re-armed only after something touched the stack.
+struct MmdsEndpoint {
+    stack: MmdsStack,
+    timer: TimerFd,
+    touched: bool,
+}
+
 pub struct Net {
     id: String,
     tap: Tap,
@@ -74,8 +82,7 @@ pub struct Net {
     config_space: Vec<u8>,
     queue_events: [EventFd; 2],
     active: Option<Active>,
-    mmds: Option<MmdsStack>,
-    mmds_timer: TimerFd,
+    mmds: Option<MmdsEndpoint>,
     /// One frame on its way to the guest (bytes `..rx_len`), waiting for an RX buffer.
     rx_frame: Vec<u8>,
     rx_len: usize,
@@ -120,11 +127,14 @@ impl Net {
             config_space,
             queue_events: [eventfd()?, eventfd()?],
             active: None,
-            mmds: config
-                .mmds
-                .as_ref()
-                .map(|link| MmdsStack::new(link.ip, link.store.clone())),
-            mmds_timer: TimerFd::new().map_err(|e| Error::Fd(e.into()))?,
+            mmds: match &config.mmds {
+                Some(link) => Some(MmdsEndpoint {
+                    stack: MmdsStack::new(link.ip, link.store.clone()),
+                    timer: TimerFd::new().map_err(|e| Error::Fd(e.into()))?,
+                    touched: false,
+                }),
+                None => None,
+            },
             rx_frame: Vec::new(),
             rx_len: 0,
             tx_frame: Vec::new(),
@@ -213,14 +223,15 @@ impl Net {
         if self.rx_frame.len() < MAX_FRAME {
             self.rx_frame.resize(MAX_FRAME, 0);
         }
-        if let Some(stack) = &mut self.mmds {
-            if let Some(frame) = stack.next_frame() {
+        if let Some(mmds) = &mut self.mmds {
+            if let Some(frame) = mmds.stack.next_frame() {
                 let len = (VNET_HDR_LEN + frame.len()).min(MAX_FRAME);
                 self.rx_frame[..VNET_HDR_LEN].fill(0);
                 self.rx_frame[VNET_HDR_LEN..len].copy_from_slice(&frame[..len - VNET_HDR_LEN]);
                 set_num_buffers(&mut self.rx_frame);
                 self.rx_len = len;
-                stack.pop_frame();
+                mmds.stack.pop_frame();
+                mmds.touched = true;
                 return true;
             }
         }
@@ -279,10 +290,12 @@ impl Net {
                 continue;
             }
             let frame = &self.tx_frame[VNET_HDR_LEN..len];
-            if let Some(stack) = self.mmds.as_mut().filter(|s| s.wants(frame)) {
-                stack.receive(frame);
-                to_mmds = true;
-                continue;
+            if let Some(mmds) = &mut self.mmds {
+                if mmds.stack.receive(frame) {
+                    mmds.touched = true;
+                    to_mmds = true;
+                    continue;
+                }
             }
             if let Err(e) = self.tap.write_frame(&self.tx_frame[..len]) {
                 log::debug!("net {}: the TAP refused a frame: {e}", self.id);
@@ -299,18 +312,24 @@ impl Net {
     }
 
     fn on_mmds_timer(&mut self) {
-        let _ = self.mmds_timer.wait();
-        if let Some(stack) = &mut self.mmds {
-            stack.poll();
+        if let Some(mmds) = &mut self.mmds {
+            let _ = mmds.timer.wait();
+            mmds.stack.poll();
+            mmds.touched = true;
         }
         self.process_rx();
     }
 
+    /// Sets the timer for the stack's next deadline, if the stack was touched since the last
+    /// time (RX from the TAP alone changes nothing there, and costs no system call).
     fn arm_mmds_timer(&mut self) {
-        let Some(stack) = &mut self.mmds else { return };
-        let result = match stack.poll_delay() {
-            Some(delay) => self.mmds_timer.reset(delay, None),
-            None => self.mmds_timer.clear(),
+        let Some(mmds) = self.mmds.as_mut().filter(|m| m.touched) else {
+            return;
+        };
+        mmds.touched = false;
+        let result = match mmds.stack.poll_delay() {
+            Some(delay) => mmds.timer.reset(delay, None),
+            None => mmds.timer.clear(),
         };
         if let Err(e) = result {
             log::warn!("net {}: cannot set the MMDS timer: {e}", self.id);
@@ -407,12 +426,14 @@ impl VirtioDevice for Net {
 
 impl MutEventSubscriber for Net {
     fn init(&mut self, ops: &mut EventOps) {
-        let watch = [
+        let mut watch = vec![
             Events::new(&self.queue_events[RX], EventSet::IN),
             Events::new(&self.queue_events[TX], EventSet::IN),
             Events::new(&self.tap, EventSet::IN | EventSet::EDGE_TRIGGERED),
-            Events::new(&self.mmds_timer, EventSet::IN),
         ];
+        if let Some(mmds) = &self.mmds {
+            watch.push(Events::new(&mmds.timer, EventSet::IN));
+        }
         for events in watch {
             if let Err(e) = ops.add(events) {
                 log::error!("net {}: cannot watch a descriptor: {e}", self.id);
@@ -430,7 +451,11 @@ impl MutEventSubscriber for Net {
             self.process_tx();
         } else if fd == self.tap.as_raw_fd() {
             self.process_rx();
-        } else if fd == self.mmds_timer.as_raw_fd() {
+        } else if self
+            .mmds
+            .as_ref()
+            .is_some_and(|m| fd == m.timer.as_raw_fd())
+        {
             self.on_mmds_timer();
         }
     }
