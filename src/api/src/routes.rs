@@ -5,8 +5,9 @@
 
 use serde::Deserialize;
 use vmm::config::{
-    parse_json_in, valid_id, BootSourceConfig, ConfigError, DriveConfig, Later, MachineConfig,
-    MachineConfigUpdate, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
+    parse_json_in, valid_id, BootSourceConfig, ConfigError, DriveConfig, Later, LoggerConfig,
+    MachineConfig, MachineConfigUpdate, MetricsConfig, MmdsConfig, NetworkInterfaceConfig,
+    PartialDrive, PartialNetworkInterface,
 };
 use vmm::rpc::VmmAction;
 
@@ -32,6 +33,8 @@ enum Route {
     Mmds,
     MmdsConfig,
     Actions,
+    Logger,
+    Metrics,
     VmConfig,
     VmState,
     Later(Later),
@@ -44,7 +47,7 @@ impl Route {
         match (self, path) {
             (Route::Root | Route::Version | Route::VmConfig, _) => &["GET"],
             (Route::MachineConfig, _) => &["GET", "PUT", "PATCH"],
-            (Route::BootSource | Route::Actions, _) => &["PUT"],
+            (Route::BootSource | Route::Actions | Route::Logger | Route::Metrics, _) => &["PUT"],
             (Route::Drive | Route::NetworkInterface, _) => &["PUT", "PATCH"],
             (Route::Mmds, _) => &["GET", "PUT", "PATCH"],
             (Route::MmdsConfig, _) => &["PUT"],
@@ -79,8 +82,8 @@ fn route(path: &[&str]) -> Option<Route> {
         ["balloon"]
         | ["balloon", "statistics"]
         | ["balloon", "hinting", "start" | "status" | "stop"] => Later(vmm::config::Later::Balloon),
-        ["logger"] => Later(vmm::config::Later::Logger),
-        ["metrics"] => Later(vmm::config::Later::Metrics),
+        ["logger"] => Logger,
+        ["metrics"] => Metrics,
         ["snapshot", "create" | "load"] => Later(vmm::config::Later::Snapshots),
         ["cpu-config"] => Unsupported("custom CPU templates (PUT /cpu-config)"),
         ["pmem", _] => Unsupported("virtio-pmem devices (/pmem)"),
@@ -95,14 +98,14 @@ fn route(path: &[&str]) -> Option<Route> {
 #[serde(deny_unknown_fields)]
 struct ActionBody {
     action_type: ActionType,
-    /// Only Firecracker's old BlockDeviceRescan used it; accepted and ignored.
+    /// BlockDeviceRescan's drive ID; ignored by the other actions.
     #[serde(default)]
-    #[allow(dead_code)]
     payload: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
 enum ActionType {
+    BlockDeviceRescan,
     FlushMetrics,
     InstanceStart,
     SendCtrlAltDel,
@@ -229,11 +232,27 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::Mmds, "PUT") => VmmAction::PutMmds(body(req, "mmds")?),
         (Route::Mmds, _) => VmmAction::PatchMmds(body(req, "mmds")?),
         (Route::MmdsConfig, _) => VmmAction::PutMmdsConfig(body::<MmdsConfig>(req, "mmds-config")?),
-        (Route::Actions, _) => match body::<ActionBody>(req, "actions")?.action_type {
-            ActionType::InstanceStart => VmmAction::InstanceStart,
-            ActionType::SendCtrlAltDel => VmmAction::SendCtrlAltDel,
-            ActionType::FlushMetrics => VmmAction::FlushMetrics,
-        },
+        (Route::Logger, _) => VmmAction::PutLogger(body::<LoggerConfig>(req, "logger")?),
+        (Route::Metrics, _) => VmmAction::PutMetrics(body::<MetricsConfig>(req, "metrics")?),
+        (Route::Actions, _) => {
+            let ActionBody {
+                action_type,
+                payload,
+            } = body(req, "actions")?;
+            match (action_type, payload) {
+                (ActionType::BlockDeviceRescan, Some(serde_json::Value::String(id))) => {
+                    VmmAction::RescanDrive(id)
+                }
+                (ActionType::BlockDeviceRescan, _) => {
+                    return Err(bad_request(
+                        "BlockDeviceRescan needs the drive's ID as a string in `payload`.",
+                    ))
+                }
+                (ActionType::InstanceStart, _) => VmmAction::InstanceStart,
+                (ActionType::SendCtrlAltDel, _) => VmmAction::SendCtrlAltDel,
+                (ActionType::FlushMetrics, _) => VmmAction::FlushMetrics,
+            }
+        }
         (Route::VmState, _) => match body::<VmStateBody>(req, "vm")?.state {
             VmState::Paused => VmmAction::Pause,
             VmState::Resumed => VmmAction::Resume,

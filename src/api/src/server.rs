@@ -8,6 +8,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
 
 use vmm::rpc::ApiSide;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
@@ -102,6 +104,7 @@ pub struct ApiServer {
     ready: Vec<RawFd>,
     vmm: ApiSide,
     max_payload: usize,
+    metrics: Arc<telemetry::Metrics>,
 }
 
 impl std::fmt::Debug for ApiServer {
@@ -113,7 +116,12 @@ impl std::fmt::Debug for ApiServer {
 }
 
 impl ApiServer {
-    pub fn new(listener: UnixListener, vmm: ApiSide, max_payload: usize) -> Result<Self, Error> {
+    pub fn new(
+        listener: UnixListener,
+        vmm: ApiSide,
+        max_payload: usize,
+        metrics: Arc<telemetry::Metrics>,
+    ) -> Result<Self, Error> {
         listener.set_nonblocking(true).map_err(Error::Setup)?;
         let epoll = Epoll::new().map_err(Error::Setup)?;
         epoll
@@ -130,6 +138,7 @@ impl ApiServer {
             ready: Vec::new(),
             vmm,
             max_payload,
+            metrics,
         })
     }
 
@@ -257,6 +266,7 @@ impl ApiServer {
             match conn.parser.next_request() {
                 Ok(Some(request)) => {
                     served += 1;
+                    let started = Instant::now();
                     let response = match routes::parse(&request) {
                         Routed::Answer(response) => response,
                         Routed::Action(action) => match self.vmm.call(action) {
@@ -274,6 +284,13 @@ impl ApiServer {
                         conn.closing = true;
                     }
                     queue(conn, &response);
+                    let resource = request.path.split('/').find(|s| !s.is_empty());
+                    self.metrics.api.record(
+                        &request.method,
+                        resource.unwrap_or(""),
+                        response.status >= 400,
+                        started.elapsed().as_micros() as u64,
+                    );
                 }
                 Ok(None) => {
                     if conn.parser.take_continue() {

@@ -4,9 +4,11 @@
 //! - [`bus`]: the address map from port or MMIO address to device.
 //! - [`legacy`]: the 8250 serial console and the i8042 controller (whose reset ends the VM).
 //! - [`virtio`]: the virtio-mmio transport and the virtio devices behind it.
+//! - [`rate_limiter`]: the token buckets that bound a device's I/O.
 
 pub mod bus;
 pub mod legacy;
+pub mod rate_limiter;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice};

@@ -17,7 +17,11 @@ Options:
   --metadata <PATH>     Fill the MMDS data store from this JSON file at start
   --boot-timer          Log the guest boot time when the guest writes 123 to the boot timer
   --level <LEVEL>       Log level: Off, Error, Warning, Info, Debug, Trace [default: Warning]
-  --log-path <PATH>     Write the log to this file instead of stderr
+  --log-path <PATH>     Write the log to this file or named pipe instead of stderr
+  --show-level          Put each line's level in the log
+  --show-log-origin     Put each line's source file and line in the log
+  --module <PATH>       Log only lines from modules under this path (e.g. vmm::controller)
+  --metrics-path <PATH> Write metrics (JSON lines) to this file or named pipe
   --version             Print the version and exit
   --help                Print this help and exit
 
@@ -42,11 +46,15 @@ pub struct Args {
     pub boot_timer: bool,
     pub level: log::LevelFilter,
     pub log_path: Option<String>,
+    pub show_level: bool,
+    pub show_log_origin: bool,
+    pub module: Option<String>,
+    pub metrics_path: Option<String>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
-    Run(Args),
+    Run(Box<Args>),
     Help,
     Version,
 }
@@ -92,15 +100,10 @@ fn parse_size(value: &str) -> Option<usize> {
 }
 
 fn parse_level(value: &str) -> Result<log::LevelFilter, Error> {
-    Ok(match value.to_ascii_lowercase().as_str() {
-        "off" => log::LevelFilter::Off,
-        "error" => log::LevelFilter::Error,
-        "warning" | "warn" => log::LevelFilter::Warn,
-        "info" => log::LevelFilter::Info,
-        "debug" => log::LevelFilter::Debug,
-        "trace" => log::LevelFilter::Trace,
-        _ => return Err(Error::Level(value.to_string())),
-    })
+    value
+        .parse::<vmm::config::LogLevel>()
+        .map(|l| l.0)
+        .map_err(|_| Error::Level(value.to_string()))
 }
 
 /// Parses arguments (without the program name). Both `--flag value` and `--flag=value`.
@@ -117,6 +120,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         boot_timer: false,
         level: log::LevelFilter::Warn,
         log_path: None,
+        show_level: false,
+        show_log_origin: false,
+        module: None,
+        metrics_path: None,
     };
     let mut seen: Vec<String> = Vec::new();
     while let Some(arg) = args.next() {
@@ -135,6 +142,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
                 | "--config-file"
                 | "--level"
                 | "--log-path"
+                | "--module"
+                | "--metrics-path"
                 | "--http-api-max-payload-size"
                 | "--mmds-size-limit"
                 | "--metadata"
@@ -185,10 +194,14 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
             "--boot-timer" => out.boot_timer = true,
             "--level" => out.level = parse_level(&value)?,
             "--log-path" => out.log_path = Some(value),
+            "--show-level" => out.show_level = true,
+            "--show-log-origin" => out.show_log_origin = true,
+            "--module" => out.module = Some(value),
+            "--metrics-path" => out.metrics_path = Some(value),
             _ => return Err(Error::Unknown(arg)),
         }
     }
-    Ok(Command::Run(out))
+    Ok(Command::Run(Box::new(out)))
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! status that says why.
 
 mod cli;
-mod logger;
 mod signals;
 mod terminal;
 
@@ -23,6 +22,8 @@ enum StartError {
     Cli(#[from] cli::Error),
     #[error("cannot open the log file: {0}")]
     Log(#[source] std::io::Error),
+    #[error("{0}")]
+    Action(#[from] ActionError),
     #[error("--no-api needs --config-file PATH")]
     NoConfigFile,
     #[error("{0}")]
@@ -63,12 +64,15 @@ impl Drop for SocketFile {
 }
 
 /// Binds the socket and starts the API thread; returns the VMM thread's end of the channel.
-fn start_api(args: &cli::Args) -> Result<(SocketFile, vmm::rpc::VmmSide), StartError> {
+fn start_api(
+    args: &cli::Args,
+    metrics: &Arc<telemetry::Metrics>,
+) -> Result<(SocketFile, vmm::rpc::VmmSide), StartError> {
     let path = PathBuf::from(&args.api_sock);
     let listener = api::bind(&path)?;
     let socket = SocketFile(path);
     let (api_side, vmm_side) = vmm::rpc::channel().map_err(StartError::ApiThread)?;
-    let server = api::ApiServer::new(listener, api_side, args.max_payload)?;
+    let server = api::ApiServer::new(listener, api_side, args.max_payload, metrics.clone())?;
     std::thread::Builder::new()
         .name("ember_api".into())
         .spawn(move || server.run())
@@ -123,9 +127,18 @@ fn run() -> Result<i32, StartError> {
             println!("Ember v{}", env!("CARGO_PKG_VERSION"));
             return Ok(0);
         }
-        cli::Command::Run(args) => args,
+        cli::Command::Run(args) => *args,
     };
-    logger::init(&args.id, args.level, args.log_path.as_deref()).map_err(StartError::Log)?;
+    telemetry::logger::init(&args.id);
+    telemetry::logger::configure(&telemetry::logger::LoggerSettings {
+        log_path: args.log_path.clone(),
+        level: Some(args.level),
+        show_level: Some(args.show_level),
+        show_log_origin: Some(args.show_log_origin),
+        module: args.module.clone(),
+    })
+    .map_err(StartError::Log)?;
+    let metrics = Arc::new(telemetry::Metrics::default());
     if args.no_api && args.config_file.is_none() {
         return Err(StartError::NoConfigFile);
     }
@@ -133,7 +146,7 @@ fn run() -> Result<i32, StartError> {
     let (_socket, api) = match args.no_api {
         true => (None, None),
         false => {
-            let (socket, api) = start_api(&args)?;
+            let (socket, api) = start_api(&args, &metrics)?;
             (Some(socket), Some(api))
         }
     };
@@ -153,7 +166,28 @@ fn run() -> Result<i32, StartError> {
     resources.boot_timer = args.boot_timer.then_some(started);
 
     let store = mmds_store(&args)?;
-    let mut controller = Controller::new(args.id.clone(), resources, console()?, exit, api, store)?;
+    let logger = resources.logger.take();
+    let metrics_file = resources.metrics.take();
+    let mut controller = Controller::new(
+        args.id.clone(),
+        resources,
+        console()?,
+        exit,
+        api,
+        store,
+        metrics,
+    )?;
+    if let Some(config) = logger {
+        controller.configure_logger(&config)?;
+    }
+    // Both given: the second is refused, as a second PUT /metrics is.
+    let metrics_paths = args
+        .metrics_path
+        .iter()
+        .chain(metrics_file.iter().map(|m| &m.metrics_path));
+    for path in metrics_paths {
+        controller.configure_metrics(path)?;
+    }
     if args.config_file.is_some() {
         controller.start().map_err(|e| match e {
             ActionError::Start(msg) => StartError::Start(msg),

@@ -126,12 +126,9 @@ fn hostile_bodies_get_a_fault_message() {
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
     c.request("PUT", "/machine-config", Some(&deep))
         .expect(400, "invalid configuration");
-    let deep_field = format!(
-        "{{\"drive_id\": \"d\", \"path_on_host\": \"/x\", \"is_root_device\": false, \"rate_limiter\": {}{}}}",
-        "{\"a\":".repeat(6_000),
-        "}".repeat(6_000)
-    );
-    c.request("PUT", "/drives/d", Some(&deep_field))
+    // Deep nesting where any JSON value is allowed (the MMDS data).
+    let deep_field = format!("{}1{}", "{\"a\":".repeat(6_000), "}".repeat(6_000));
+    c.request("PUT", "/mmds", Some(&deep_field))
         .expect(400, "recursion limit exceeded");
     // Numbers that overflow their fields, or are not whole.
     for (body, fault) in [

@@ -25,7 +25,7 @@ struct Case {
 const POST_BOOT: &str = "The requested operation is not supported after starting the microVM.";
 const PRE_BOOT: &str = "The requested operation is not supported before starting the microVM.";
 
-fn cases(kernel: &str, disk: &str) -> Vec<Case> {
+fn cases(kernel: &str, disk: &str, log: &str, metrics: &str) -> Vec<Case> {
     vec![
         Case {
             method: "PUT",
@@ -94,10 +94,71 @@ fn cases(kernel: &str, disk: &str) -> Vec<Case> {
             missing: (json!({"path_on_host": disk}), "missing field `drive_id`"),
             unknown: json!({"drive_id": "rootfs", "is_read_only": true}),
             before: (400, PRE_BOOT),
-            after: (
-                400,
-                "changing a drive after boot (PATCH /drives) is not available",
+            after: (204, ""),
+        },
+        Case {
+            method: "PUT",
+            path: "/drives/data",
+            good: json!({"drive_id": "data", "path_on_host": disk, "is_root_device": false,
+                         "rate_limiter": {"bandwidth": {"size": 1_000_000, "refill_time": 1000},
+                                          "ops": {"size": 100, "one_time_burst": 50, "refill_time": 1000}}}),
+            wrong_type: (
+                json!({"drive_id": "data", "path_on_host": disk, "is_root_device": false,
+                       "rate_limiter": {"bandwidth": {"size": -1, "refill_time": 1000}}}),
+                "drives.rate_limiter.bandwidth.size: invalid value: integer `-1`, expected u64",
             ),
+            missing: (
+                json!({"drive_id": "data", "path_on_host": disk, "is_root_device": false,
+                       "rate_limiter": {"ops": {"size": 5}}}),
+                "missing field `refill_time`",
+            ),
+            unknown: json!({"drive_id": "data", "path_on_host": disk, "is_root_device": false,
+                            "rate_limiter": {"bandwidth": {"size": 1, "refill_time": 1, "rate": 2}}}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PUT",
+            path: "/actions",
+            good: json!({"action_type": "BlockDeviceRescan", "payload": "rootfs"}),
+            wrong_type: (
+                json!({"action_type": "BlockDeviceRescan", "payload": 5}),
+                "BlockDeviceRescan needs the drive's ID",
+            ),
+            missing: (
+                json!({"action_type": "BlockDeviceRescan"}),
+                "BlockDeviceRescan needs the drive's ID",
+            ),
+            unknown: json!({"action_type": "BlockDeviceRescan", "payload": "rootfs", "x": 1}),
+            before: (400, PRE_BOOT),
+            after: (204, ""),
+        },
+        Case {
+            method: "PUT",
+            path: "/logger",
+            good: json!({"log_path": log, "level": "debug", "show_level": true, "show_log_origin": true}),
+            wrong_type: (
+                json!({"show_level": "yes"}),
+                "logger.show_level: invalid type",
+            ),
+            // No field is required: a body that names no known level stands in for it.
+            missing: (json!({"level": "Loud"}), "unknown log level \"Loud\""),
+            unknown: json!({"log_path": log, "colour": true}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PUT",
+            path: "/metrics",
+            good: json!({"metrics_path": metrics}),
+            wrong_type: (
+                json!({"metrics_path": 1}),
+                "metrics.metrics_path: invalid type",
+            ),
+            missing: (json!({}), "missing field `metrics_path`"),
+            unknown: json!({"metrics_path": metrics, "period": 5}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
         },
         Case {
             method: "PUT",
@@ -188,7 +249,9 @@ fn every_path_with_a_body_before_and_after_boot() {
     let disk = s.file("root.img", &noise(64 << 10, 2));
     let ember = Ember::start(&s, &[]);
     let mut c = ember.client();
-    let cases = cases(test_guest::PVH_ELF, &disk);
+    let log = s.path("ember.log").to_string_lossy().into_owned();
+    let metrics = s.path("metrics.json").to_string_lossy().into_owned();
+    let cases = cases(test_guest::PVH_ELF, &disk, &log, &metrics);
 
     // Before boot.
     let info = c.get("/").expect(200, "").json();
@@ -240,6 +303,69 @@ fn every_path_with_a_body_before_and_after_boot() {
         c.get("/version").expect(200, "").json()["firecracker_version"],
         "1.16.1"
     );
+
+    // Drive updates after boot that cannot be done: a clear 400, and the guest runs on.
+    for (body, fault) in [
+        (
+            json!({"drive_id": "data", "path_on_host": "/nonexistent/disk.img"}),
+            "cannot read the disk image /nonexistent/disk.img: No such file or directory",
+        ),
+        (
+            json!({"drive_id": "data", "rate_limiter": {"ops": {"size": 10, "refill_time": 0}}}),
+            "the ops bucket has size 10 but refill_time 0",
+        ),
+        (
+            json!({"drive_id": "data", "rate_limiter": {"bandwidth": {"size": 1, "refill_time": 1}, "iops": 1}}),
+            "drives.rate_limiter.iops: unknown field `iops`",
+        ),
+    ] {
+        c.patch("/drives/data", &body).expect(400, fault);
+    }
+    c.patch(
+        "/drives/nope",
+        &json!({"drive_id": "nope", "path_on_host": disk}),
+    )
+    .expect(400, "there is no drive with drive_id nope");
+    c.put(
+        "/actions",
+        &json!({"action_type": "BlockDeviceRescan", "payload": "nope"}),
+    )
+    .expect(400, "there is no drive with drive_id nope");
+    // A good one is kept in the configuration: the bucket left out stays, a size 0 goes.
+    c.patch(
+        "/drives/data",
+        &json!({"drive_id": "data", "rate_limiter": {"ops": {"size": 0, "refill_time": 0}}}),
+    )
+    .expect(204, "");
+    let limiter = &c.get("/vm/config").json()["drives"][1]["rate_limiter"];
+    assert_eq!(
+        *limiter,
+        json!({"bandwidth": {"size": 1_000_000, "refill_time": 1000}})
+    );
+    assert_eq!(c.get("/").json()["state"], "Running");
+
+    // The logger took its settings, and FlushMetrics wrote a line that counted the API.
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    let line = log_text
+        .lines()
+        .find(|l| l.contains("API request: InstanceStart"))
+        .unwrap_or_else(|| panic!("{log_text}"));
+    assert!(line.contains(":DEBUG:src/vmm/src/controller.rs:"), "{line}");
+    let lines: Vec<Value> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let sum = |section: &str, field: &str| -> u64 {
+        lines
+            .iter()
+            .map(|l| l[section][field].as_u64().unwrap())
+            .sum()
+    };
+    assert!(sum("put_api_requests", "drive_count") >= 6, "{lines:?}");
+    assert!(sum("put_api_requests", "drive_fails") >= 4, "{lines:?}");
+    assert!(sum("api_server", "request_count") > 20, "{lines:?}");
+    assert!(sum("vcpu", "exit_io_out") > 0, "{lines:?}");
 }
 
 #[test]
@@ -328,8 +454,6 @@ fn unknown_paths_wrong_methods_and_later_features() {
         ("PUT", "/balloon", "balloon device"),
         ("GET", "/balloon/statistics", "balloon device"),
         ("PATCH", "/balloon/hinting/start", "balloon device"),
-        ("PUT", "/logger", "PUT /logger"),
-        ("PUT", "/metrics", "metrics"),
         ("PUT", "/snapshot/create", "snapshots"),
         ("PUT", "/snapshot/load", "snapshots"),
         ("PUT", "/cpu-config", "custom CPU templates"),

@@ -190,15 +190,19 @@ fn the_boot_timer_logs_the_guest_boot_time() {
         "--boot-timer",
         "--level",
         "Info",
+        "--show-level",
         "--id",
         "timer-vm",
     ]);
     run.assert_clean_exit();
-    assert!(
-        run.stderr.contains("[timer-vm:INFO] Guest-boot-time = "),
-        "{}",
-        run.stderr
-    );
+    // Firecracker's line: time, [instance:thread:LEVEL], message.
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("Guest-boot-time = "))
+        .unwrap_or_else(|| panic!("{}", run.stderr));
+    assert!(line.contains(" [timer-vm:ember_vcpu0:INFO] "), "{line}");
+    assert!(line.starts_with("20"), "a UTC timestamp first: {line}");
     // The drive moved to the second window, after the timer.
     assert!(
         run.line("cmdline=")

@@ -1,7 +1,8 @@
 //! ember-agent: commands for the tests, one per invocation, each printing one result line.
 //!
 //!   ember-agent send HOST PORT BYTES SEED   connect, send the test pattern, print its checksum
-//!   ember-agent recv HOST PORT              connect, read to the end, print count and checksum
+//!   ember-agent recv HOST PORT [SKIP]       connect, read to the end, print count and checksum,
+//!                                           and the rate (bytes/s) after the first SKIP bytes
 //!   ember-agent connect-many IP PORT N      open N TCP connections at once; print how many
 //!                                           were accepted and how many refused
 //!   ember-agent raw-tcp IP PORT             send malformed and flooding TCP/IPv4 packets to
@@ -12,7 +13,11 @@
 //!                                           one HTTP request to IP:80; prints the status and
 //!                                           the body on one line. `pad:N` sends a header of
 //!                                           N bytes.
+//!   ember-agent dio read|write|randread DEV BS COUNT
+//!                                           COUNT direct-I/O requests of BS bytes; prints
+//!                                           bytes, requests, µs and bytes per second
 
+mod dio;
 mod raw;
 
 use std::io::{Read, Write};
@@ -27,9 +32,11 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         ["send", host, port, bytes, seed] => send(host, port, bytes, seed),
-        ["recv", host, port] => recv(host, port),
+        ["recv", host, port] => recv(host, port, "0"),
+        ["recv", host, port, skip] => recv(host, port, skip),
         ["connect-many", ip, port, n] => connect_many(ip, port, n),
         ["raw-tcp", ip, port] => raw::flood(ip, port),
+        ["dio", mode, dev, bs, count] => dio::run(mode, dev, bs, count),
         ["http-latency", ip, path, n] => http_latency(ip, path, n),
         ["http", ip, method, path, ref headers @ ..] => http(ip, method, path, headers),
         _ => Err("usage: see the comment at the top of src/guest-agent/src/main.rs".into()),
@@ -82,12 +89,15 @@ fn send(host: &str, port: &str, bytes: &str, seed: &str) -> Result<String> {
     ))
 }
 
-fn recv(host: &str, port: &str) -> Result<String> {
+fn recv(host: &str, port: &str, skip: &str) -> Result<String> {
+    let skip = number(skip)?;
     let mut stream = TcpStream::connect(addr(host, port)?).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut sum = Checksum::default();
     let mut buf = vec![0u8; CHUNK];
     let mut total = 0u64;
+    // When the first SKIP bytes were in, and the total then.
+    let mut after_skip: Option<(Instant, u64)> = None;
     loop {
         let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
         if n == 0 {
@@ -95,9 +105,19 @@ fn recv(host: &str, port: &str) -> Result<String> {
         }
         sum.update(&buf[..n]);
         total += n as u64;
+        if after_skip.is_none() && total >= skip {
+            after_skip = Some((Instant::now(), total));
+        }
     }
+    let rate = match after_skip {
+        Some((at, base)) => {
+            let us = at.elapsed().as_micros().max(1);
+            u128::from(total - base) * 1_000_000 / us
+        }
+        None => 0,
+    };
     Ok(format!(
-        "received {total} checksum {:016x} in {} ms",
+        "received {total} checksum {:016x} in {} ms rate_bps {rate}",
         sum.value(),
         started.elapsed().as_millis()
     ))

@@ -18,10 +18,12 @@ use devices::Bus;
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{self, BootSourceConfig, DriveConfig, NetworkInterfaceConfig};
+use crate::config::{
+    self, BootSourceConfig, DriveConfig, NetworkInterfaceConfig, RateLimiterConfig,
+};
 use crate::event_loop::{ResetWatcher, Subscriber};
 use crate::memory::{self, GuestMemory};
-use crate::microvm::MicroVm;
+use crate::microvm::{Devices, MicroVm};
 use crate::resources::VmResources;
 use crate::vcpu::stats::VcpuStats;
 use crate::vcpu::{self, BootEntry, Vcpu};
@@ -103,6 +105,7 @@ pub fn build(
     console: &Console,
     exit: &Arc<ExitSignal>,
     mmds: &mmds::SharedStore,
+    metrics: &Arc<telemetry::Metrics>,
 ) -> Result<MicroVm, BuildError> {
     let boot = resources
         .boot_source
@@ -120,7 +123,9 @@ pub fn build(
     // nothing before the first KVM_RUN needs it: run it while the rest is assembled.
     let (slots, parts) = std::thread::scope(|scope| {
         let slots = scope.spawn(|| vm.register_memory(&mem));
-        let parts = assemble(&vm, &mem, mem_bytes, boot, resources, console, exit, mmds);
+        let parts = assemble(
+            &vm, &mem, mem_bytes, boot, resources, console, exit, mmds, metrics,
+        );
         (slots.join(), parts)
     });
     slots.map_err(|_| BuildError::MemoryThread)??;
@@ -129,6 +134,7 @@ pub fn build(
         parts.vcpus,
         parts.stats,
         parts.subscribers,
+        parts.devices,
         parts.i8042,
         mem,
         vm,
@@ -140,6 +146,7 @@ struct Parts {
     vcpus: Vec<Vcpu>,
     stats: Vec<(u8, VcpuStats)>,
     subscribers: Vec<Subscriber>,
+    devices: Devices,
     i8042: Arc<Mutex<I8042>>,
 }
 
@@ -154,6 +161,7 @@ fn assemble(
     console: &Console,
     exit: &Arc<ExitSignal>,
     mmds: &mmds::SharedStore,
+    metrics: &Arc<telemetry::Metrics>,
 ) -> Result<Parts, BuildError> {
     let machine = &resources.machine_config;
     let kernel = load_kernel(mem, &boot.kernel_image_path)?;
@@ -193,14 +201,17 @@ fn assemble(
         window = 1;
     }
     let mut slot = 0;
+    let mut devices = Devices::default();
     for drive in resources.drives() {
-        let block = Block::new(&block_config(drive)).map_err(|source| BuildError::Drive {
+        let config = block_config(drive, metrics);
+        let block = Block::new(&config).map_err(|source| BuildError::Drive {
             id: drive.drive_id.clone(),
             source,
         })?;
         let block = Arc::new(Mutex::new(block));
         let (addr, irq) = attach_virtio(vm, mem, &mut mmio, block.clone(), window + slot, slot)?;
-        subscribers.push(block);
+        subscribers.push(block.clone());
+        devices.blocks.push((drive.drive_id.clone(), block));
         slot += 1;
         if drive.is_root_device {
             cmdline.push_str(&root_args(drive));
@@ -208,14 +219,15 @@ fn assemble(
         cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
     }
     for iface in resources.network_interfaces() {
-        let net =
-            Net::new(&net_config(iface, resources, mmds)).map_err(|source| BuildError::Net {
-                id: iface.iface_id.clone(),
-                source,
-            })?;
+        let config = net_config(iface, resources, mmds, metrics);
+        let net = Net::new(&config).map_err(|source| BuildError::Net {
+            id: iface.iface_id.clone(),
+            source,
+        })?;
         let net = Arc::new(Mutex::new(net));
         let (addr, irq) = attach_virtio(vm, mem, &mut mmio, net.clone(), window + slot, slot)?;
-        subscribers.push(net);
+        subscribers.push(net.clone());
+        devices.nets.push((iface.iface_id.clone(), net));
         slot += 1;
         cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
     }
@@ -255,6 +267,7 @@ fn assemble(
             mmio.clone(),
             exit.clone(),
             mem.clone(),
+            metrics.clone(),
         ));
     }
 
@@ -262,6 +275,7 @@ fn assemble(
         vcpus,
         stats,
         subscribers,
+        devices,
         i8042,
     })
 }
@@ -309,7 +323,7 @@ fn attach_legacy(
 }
 
 /// What the block device for `drive` needs.
-fn block_config(drive: &DriveConfig) -> BlockConfig {
+fn block_config(drive: &DriveConfig, metrics: &telemetry::Metrics) -> BlockConfig {
     BlockConfig {
         id: drive.drive_id.clone(),
         path: drive.path_on_host.clone().into(),
@@ -318,6 +332,8 @@ fn block_config(drive: &DriveConfig) -> BlockConfig {
             config::CacheType::Unsafe => CacheType::Unsafe,
             config::CacheType::Writeback => CacheType::Writeback,
         },
+        limiter: RateLimiterConfig::spec(drive.rate_limiter.as_ref()),
+        metrics: metrics.block(&drive.drive_id),
     }
 }
 
@@ -326,6 +342,7 @@ fn net_config(
     iface: &NetworkInterfaceConfig,
     resources: &VmResources,
     store: &mmds::SharedStore,
+    metrics: &telemetry::Metrics,
 ) -> NetConfig {
     let mmds = resources
         .mmds_config
@@ -341,6 +358,9 @@ fn net_config(
         guest_mac: iface.guest_mac.map(|m| m.0),
         mtu: iface.mtu.map(|m| m as u16),
         mmds,
+        rx_limiter: RateLimiterConfig::spec(iface.rx_rate_limiter.as_ref()),
+        tx_limiter: RateLimiterConfig::spec(iface.tx_rate_limiter.as_ref()),
+        metrics: metrics.net(&iface.iface_id),
     }
 }
 

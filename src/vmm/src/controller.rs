@@ -2,13 +2,17 @@
 //! running [`MicroVm`]; it runs the event loop and, each time the loop wakes, answers the
 //! API's requests with Firecracker's pre-boot and post-boot rules.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, SubscriberOps};
 
 use crate::builder::{self, Console};
+use crate::config::{
+    ConfigError, LoggerConfig, PartialDrive, PartialNetworkInterface, RateLimiterConfig,
+};
 use crate::event_loop::{Subscriber, Wakeup};
+use crate::metrics_writer::MetricsWriter;
 use crate::microvm::MicroVm;
 use crate::resources::VmResources;
 use crate::rpc::{self, ActionError, ActionResult, InstanceInfo, VmmAction, VmmData, VmmSide};
@@ -26,6 +30,8 @@ pub enum Error {
     EventLoop(String),
     #[error("cannot copy an eventfd: {0}")]
     EventFd(#[source] std::io::Error),
+    #[error("{0}")]
+    Metrics(#[from] crate::metrics_writer::Error),
 }
 
 pub struct Controller {
@@ -33,6 +39,8 @@ pub struct Controller {
     resources: VmResources,
     /// The MMDS data store: the API fills it before and after boot, the guest reads it.
     mmds: mmds::SharedStore,
+    metrics: Arc<telemetry::Metrics>,
+    metrics_writer: Arc<Mutex<MetricsWriter>>,
     console: Console,
     exit: Arc<ExitSignal>,
     event_manager: EventManager<Subscriber>,
@@ -59,6 +67,7 @@ impl Controller {
         exit: Arc<ExitSignal>,
         api: Option<VmmSide>,
         mmds: mmds::SharedStore,
+        metrics: Arc<telemetry::Metrics>,
     ) -> Result<Self, Error> {
         let mut event_manager =
             EventManager::<Subscriber>::new().map_err(|e| Error::EventLoop(e.to_string()))?;
@@ -72,10 +81,14 @@ impl Controller {
             event_manager
                 .add_subscriber(Arc::new(std::sync::Mutex::new(Wakeup { evt, what: "API" })));
         }
+        let metrics_writer = Arc::new(Mutex::new(MetricsWriter::new(metrics.clone())?));
+        event_manager.add_subscriber(metrics_writer.clone());
         Ok(Controller {
             id,
             resources,
             mmds,
+            metrics,
+            metrics_writer,
             console,
             exit,
             event_manager,
@@ -93,8 +106,14 @@ impl Controller {
         if let Some(config) = &self.resources.mmds_config {
             mmds::lock(&self.mmds).configure(config.version, config.imds_compat);
         }
-        let mut vm = builder::build(&self.resources, &self.console, &self.exit, &self.mmds)
-            .map_err(|e| ActionError::Start(e.to_string()))?;
+        let mut vm = builder::build(
+            &self.resources,
+            &self.console,
+            &self.exit,
+            &self.mmds,
+            &self.metrics,
+        )
+        .map_err(|e| ActionError::Start(e.to_string()))?;
         vm.start(&mut self.event_manager)
             .map_err(|e| ActionError::Start(e.to_string()))?;
         self.vm = Some(vm);
@@ -109,6 +128,8 @@ impl Controller {
                 if let Some(vm) = &self.vm {
                     vm.log_exit_counts();
                 }
+                // What happened since the last line, so that the file adds up to the run.
+                self.flush_metrics();
                 return reason;
             }
             // Right after a request, poll instead of sleeping for a moment: clients send
@@ -148,6 +169,83 @@ impl Controller {
         }
     }
 
+    fn flush_metrics(&self) {
+        devices::bus::lock(&self.metrics_writer).flush();
+    }
+
+    /// `--metrics-path` or `PUT /metrics`.
+    pub fn configure_metrics(&mut self, path: &str) -> Result<(), ActionError> {
+        Ok(devices::bus::lock(&self.metrics_writer).configure(path)?)
+    }
+
+    /// `PUT /logger` (or the config file's `logger`).
+    pub fn configure_logger(&mut self, config: &LoggerConfig) -> Result<(), ActionError> {
+        telemetry::logger::configure(&config.settings()).map_err(|source| ActionError::Logger {
+            path: config.log_path.clone().unwrap_or_default(),
+            source,
+        })
+    }
+
+    /// `PATCH /drives/{id}` after boot: a new backing file, a new rate limiter, or both.
+    fn patch_drive(&mut self, patch: PartialDrive) -> ActionResult {
+        if !self.resources.has_drive(&patch.drive_id) {
+            return Err(ConfigError::NoSuchDrive(patch.drive_id).into());
+        }
+        patch.validate()?;
+        let vm = self.running()?;
+        let block = vm
+            .block(&patch.drive_id)
+            .ok_or_else(|| ConfigError::NoSuchDrive(patch.drive_id.clone()))?;
+        let mut block = devices::bus::lock(block);
+        if let Some(path) = &patch.path_on_host {
+            block
+                .replace_disk(std::path::Path::new(path))
+                .map_err(|e| ActionError::DriveUpdate {
+                    id: patch.drive_id.clone(),
+                    reason: e.to_string(),
+                })?;
+        }
+        if let Some(limiter) = &patch.rate_limiter {
+            let (bandwidth, ops) = limiter.updates();
+            block.update_limiter(bandwidth, ops);
+        }
+        drop(block);
+        self.resources.patch_drive(&patch);
+        Ok(VmmData::Empty)
+    }
+
+    /// `BlockDeviceRescan`: the guest is told the drive's current size.
+    fn rescan_drive(&mut self, id: String) -> ActionResult {
+        let vm = self.running()?;
+        let block = vm.block(&id).ok_or(ConfigError::NoSuchDrive(id.clone()))?;
+        devices::bus::lock(block)
+            .rescan()
+            .map_err(|e| ActionError::DriveUpdate {
+                id,
+                reason: e.to_string(),
+            })?;
+        Ok(VmmData::Empty)
+    }
+
+    /// `PATCH /network-interfaces/{id}` after boot: new rate limiters.
+    fn patch_network_interface(&mut self, patch: PartialNetworkInterface) -> ActionResult {
+        if !self.resources.has_iface(&patch.iface_id) {
+            return Err(ConfigError::NoSuchIface(patch.iface_id).into());
+        }
+        patch.validate()?;
+        let vm = self.running()?;
+        let net = vm
+            .net(&patch.iface_id)
+            .ok_or_else(|| ConfigError::NoSuchIface(patch.iface_id.clone()))?;
+        let updates = |l: &Option<RateLimiterConfig>| l.as_ref().map(RateLimiterConfig::updates);
+        devices::bus::lock(net).update_limiters(
+            updates(&patch.rx_rate_limiter),
+            updates(&patch.tx_rate_limiter),
+        );
+        self.resources.patch_network_interface(&patch);
+        Ok(VmmData::Empty)
+    }
+
     fn state(&self) -> &'static str {
         match &self.vm {
             None => rpc::STATE_NOT_STARTED,
@@ -183,12 +281,15 @@ impl Controller {
             | VmmAction::PutDrive(_)
             | VmmAction::PutNetworkInterface(_)
             | VmmAction::PutMmdsConfig(_)
+            | VmmAction::PutLogger(_)
+            | VmmAction::PutMetrics(_)
             | VmmAction::InstanceStart
                 if booted =>
             {
                 Err(ActionError::NotSupportedPostBoot)
             }
             VmmAction::PatchDrive(_)
+            | VmmAction::RescanDrive(_)
             | VmmAction::PatchNetworkInterface(_)
             | VmmAction::SendCtrlAltDel
             | VmmAction::FlushMetrics
@@ -220,28 +321,18 @@ impl Controller {
                 Ok(VmmData::Empty)
             }
             VmmAction::GetMmds => Ok(VmmData::Mmds(mmds::lock(&self.mmds).document())),
-            VmmAction::PatchNetworkInterface(patch) => {
-                if !self.resources.has_iface(&patch.iface_id) {
-                    return Err(ActionError::Config(
-                        crate::config::ConfigError::NoSuchIface(patch.iface_id),
-                    ));
-                }
-                match patch.asks_for_limiter() {
-                    true => Err(ActionError::NotYet(crate::config::Later::RateLimiters)),
-                    false => Ok(VmmData::Empty),
-                }
-            }
+            VmmAction::PatchNetworkInterface(patch) => self.patch_network_interface(patch),
+            VmmAction::PutLogger(config) => self.configure_logger(&config).map(|()| VmmData::Empty),
+            VmmAction::PutMetrics(config) => self
+                .configure_metrics(&config.metrics_path)
+                .map(|()| VmmData::Empty),
             VmmAction::InstanceStart => self.start().map(|()| VmmData::Empty),
-            VmmAction::PatchDrive(patch) => {
-                if !self.resources.has_drive(&patch.drive_id) {
-                    return Err(ActionError::Config(
-                        crate::config::ConfigError::NoSuchDrive(patch.drive_id),
-                    ));
-                }
-                Err(ActionError::NotYet(crate::config::Later::DriveUpdates))
+            VmmAction::PatchDrive(patch) => self.patch_drive(patch),
+            VmmAction::RescanDrive(id) => self.rescan_drive(id),
+            VmmAction::FlushMetrics => {
+                self.flush_metrics();
+                Ok(VmmData::Empty)
             }
-            // Metrics come later; with none configured, Firecracker's flush writes nothing.
-            VmmAction::FlushMetrics => Ok(VmmData::Empty),
             VmmAction::SendCtrlAltDel => {
                 self.running()?.send_ctrl_alt_del();
                 Ok(VmmData::Empty)

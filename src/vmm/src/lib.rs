@@ -17,6 +17,7 @@ pub mod config;
 pub mod controller;
 pub mod event_loop;
 pub mod memory;
+pub mod metrics_writer;
 pub mod microvm;
 pub mod pvm;
 pub mod resources;

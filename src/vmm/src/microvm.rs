@@ -4,6 +4,8 @@
 use std::sync::{Arc, Mutex};
 
 use devices::legacy::I8042;
+use devices::virtio::block::Block;
+use devices::virtio::net::Net;
 use event_manager::{EventManager, SubscriberOps};
 
 use crate::event_loop::Subscriber;
@@ -23,11 +25,23 @@ pub enum Error {
     PauseTimeout(u8),
 }
 
+/// The virtio devices by ID, for the API's changes after boot.
+#[derive(Debug, Default)]
+pub struct Devices {
+    pub blocks: Vec<(String, Arc<Mutex<Block>>)>,
+    pub nets: Vec<(String, Arc<Mutex<Net>>)>,
+}
+
+fn find<'a, T>(list: &'a [(String, Arc<Mutex<T>>)], id: &str) -> Option<&'a Arc<Mutex<T>>> {
+    list.iter().find(|(name, _)| name == id).map(|(_, d)| d)
+}
+
 pub struct MicroVm {
     /// Configured but not started; emptied by [`MicroVm::start`].
     vcpus: Vec<Vcpu>,
     handles: Vec<VcpuHandle>,
     subscribers: Vec<Subscriber>,
+    devices: Devices,
     /// KVM's counters of each vCPU that has them, by vCPU index.
     stats: Vec<(u8, VcpuStats)>,
     i8042: Arc<Mutex<I8042>>,
@@ -51,6 +65,7 @@ impl MicroVm {
         vcpus: Vec<Vcpu>,
         stats: Vec<(u8, VcpuStats)>,
         subscribers: Vec<Subscriber>,
+        devices: Devices,
         i8042: Arc<Mutex<I8042>>,
         memory: GuestMemory,
         vm: Vm,
@@ -59,6 +74,7 @@ impl MicroVm {
             vcpus,
             handles: Vec::new(),
             subscribers,
+            devices,
             stats,
             i8042,
             paused: false,
@@ -77,6 +93,16 @@ impl MicroVm {
             self.handles.push(vcpu.start()?);
         }
         Ok(())
+    }
+
+    /// The block device of drive `id`.
+    pub fn block(&self, id: &str) -> Option<&Arc<Mutex<Block>>> {
+        find(&self.devices.blocks, id)
+    }
+
+    /// The net device of interface `id`.
+    pub fn net(&self, id: &str) -> Option<&Arc<Mutex<Net>>> {
+        find(&self.devices.nets, id)
     }
 
     pub fn is_paused(&self) -> bool {

@@ -3,8 +3,9 @@
 //! time through the same `set_*` methods, so both see the same checks.
 
 use crate::config::{
-    parse_json, BootSourceConfig, ConfigError, DriveConfig, MachineConfig, MmdsConfig,
-    NetworkInterfaceConfig, VmConfig,
+    parse_json, BootSourceConfig, ConfigError, DriveConfig, LoggerConfig, MachineConfig,
+    MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
+    RateLimiterConfig, VmConfig,
 };
 
 /// virtio-mmio devices (drives and network interfaces) get IRQs 5..=23.
@@ -19,6 +20,9 @@ pub struct VmResources {
     drives: Vec<DriveConfig>,
     network_interfaces: Vec<NetworkInterfaceConfig>,
     pub mmds_config: Option<MmdsConfig>,
+    /// The config file's `logger` and `metrics`, applied when ember starts.
+    pub logger: Option<LoggerConfig>,
+    pub metrics: Option<MetricsConfig>,
     /// `--boot-timer`: when the ember process started, for the guest's boot-time report.
     pub boot_timer: Option<std::time::Instant>,
 }
@@ -45,6 +49,8 @@ impl VmResources {
         if let Some(mmds) = config.mmds_config {
             resources.set_mmds_config(mmds)?;
         }
+        resources.logger = config.logger;
+        resources.metrics = config.metrics;
         Ok(resources)
     }
 
@@ -165,6 +171,38 @@ impl VmResources {
         }
         self.mmds_config = Some(config);
         Ok(())
+    }
+
+    /// Records a `PATCH` that the running drive took, for `GET /vm/config`.
+    pub fn patch_drive(&mut self, patch: &PartialDrive) {
+        if let Some(d) = self
+            .drives
+            .iter_mut()
+            .find(|d| d.drive_id == patch.drive_id)
+        {
+            if let Some(path) = &patch.path_on_host {
+                d.path_on_host = path.clone();
+            }
+            if let Some(limiter) = &patch.rate_limiter {
+                d.rate_limiter = RateLimiterConfig::patched(d.rate_limiter, limiter);
+            }
+        }
+    }
+
+    /// Records a `PATCH` that the running interface took, for `GET /vm/config`.
+    pub fn patch_network_interface(&mut self, patch: &PartialNetworkInterface) {
+        if let Some(i) = self
+            .network_interfaces
+            .iter_mut()
+            .find(|i| i.iface_id == patch.iface_id)
+        {
+            if let Some(l) = &patch.rx_rate_limiter {
+                i.rx_rate_limiter = RateLimiterConfig::patched(i.rx_rate_limiter, l);
+            }
+            if let Some(l) = &patch.tx_rate_limiter {
+                i.tx_rate_limiter = RateLimiterConfig::patched(i.tx_rate_limiter, l);
+            }
+        }
     }
 
     pub fn drives(&self) -> &[DriveConfig] {

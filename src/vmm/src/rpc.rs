@@ -9,8 +9,9 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{
-    BootSourceConfig, ConfigError, DriveConfig, Later, MachineConfig, MachineConfigUpdate,
-    MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface, VmConfig,
+    BootSourceConfig, ConfigError, DriveConfig, Later, LoggerConfig, MachineConfig,
+    MachineConfigUpdate, MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive,
+    PartialNetworkInterface, VmConfig,
 };
 
 /// How long the API thread busy-waits for an answer before it sleeps.
@@ -27,6 +28,8 @@ pub enum VmmAction {
     PutBootSource(BootSourceConfig),
     PutDrive(DriveConfig),
     PatchDrive(PartialDrive),
+    /// `BlockDeviceRescan`: the drive's file changed size on the host.
+    RescanDrive(String),
     PutNetworkInterface(NetworkInterfaceConfig),
     PatchNetworkInterface(PartialNetworkInterface),
     PutMmdsConfig(MmdsConfig),
@@ -34,6 +37,8 @@ pub enum VmmAction {
     PatchMmds(serde_json::Value),
     GetMmds,
     GetFullConfig,
+    PutLogger(LoggerConfig),
+    PutMetrics(MetricsConfig),
     InstanceStart,
     SendCtrlAltDel,
     FlushMetrics,
@@ -84,6 +89,15 @@ pub enum ActionError {
     Mmds(#[from] mmds::StoreError),
     #[error("the microVM could not be paused: {0}")]
     Pause(String),
+    #[error("drive {id}: {reason}")]
+    DriveUpdate { id: String, reason: String },
+    #[error("Cannot initialize the logger: cannot open {path}: {source}")]
+    Logger {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Metrics(#[from] crate::metrics_writer::Error),
 }
 
 pub type ActionResult = Result<VmmData, ActionError>;

@@ -30,6 +30,11 @@ pub trait VirtioDevice: Send {
     fn set_acked_features(&mut self, features: u64);
     /// Reads the device configuration space; bytes past its end read as zero.
     fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Changes each time the device changes its configuration space, so that the driver can
+    /// tell a torn read of a multi-byte field.
+    fn config_generation(&self) -> u32 {
+        0
+    }
     /// Writes the configuration space; most devices ignore it.
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
     /// Starts the device on the driver's queues.

@@ -132,7 +132,7 @@ impl MmioTransport {
             }
             REG_INTERRUPT_STATUS => self.irq.status(),
             REG_STATUS => self.status,
-            REG_CONFIG_GENERATION => 0,
+            REG_CONFIG_GENERATION => device.config_generation(),
             _ => 0,
         }
     }

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_readable, ConfigError, Later};
+use super::{check_readable, ConfigError, RateLimiterConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 pub enum CacheType {
@@ -34,9 +34,8 @@ pub struct DriveConfig {
     pub cache_type: CacheType,
     #[serde(default)]
     pub io_engine: IoEngine,
-    /// Accepted so that Firecracker's bodies parse; a limiter comes with rate limiting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate_limiter: Option<serde_json::Value>,
+    pub rate_limiter: Option<RateLimiterConfig>,
     /// vhost-user-block: not part of Ember.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<String>,
@@ -52,8 +51,8 @@ impl DriveConfig {
         if !valid_id(&self.drive_id) {
             return Err(ConfigError::DriveId(self.drive_id.clone()));
         }
-        if self.rate_limiter.as_ref().is_some_and(|r| !r.is_null()) {
-            return Err(ConfigError::NotYet(Later::RateLimiters));
+        if let Some(limiter) = &self.rate_limiter {
+            limiter.validate()?;
         }
         if self.io_engine == IoEngine::Async {
             return Err(ConfigError::Unsupported(
@@ -77,5 +76,18 @@ pub struct PartialDrive {
     #[serde(default)]
     pub path_on_host: Option<String>,
     #[serde(default)]
-    pub rate_limiter: Option<serde_json::Value>,
+    pub rate_limiter: Option<RateLimiterConfig>,
+}
+
+impl PartialDrive {
+    /// Checks the new limiter, and that the new file can be read.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(limiter) = &self.rate_limiter {
+            limiter.validate()?;
+        }
+        match &self.path_on_host {
+            Some(path) => check_readable("the disk image", path),
+            None => Ok(()),
+        }
+    }
 }

@@ -8,12 +8,16 @@ mod drive;
 mod machine;
 mod mmds;
 mod net;
+mod rate_limiter;
+mod telemetry;
 
 pub use boot::BootSourceConfig;
 pub use drive::{valid_id, CacheType, DriveConfig, IoEngine, PartialDrive};
 pub use machine::{HugePages, MachineConfig, MachineConfigUpdate, MAX_VCPUS};
 pub use mmds::{MmdsConfig, MmdsVersion};
 pub use net::{MacAddr, NetworkInterfaceConfig, PartialNetworkInterface};
+pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+pub use telemetry::{LogLevel, LoggerConfig, MetricsConfig};
 
 use serde::{Deserialize, Serialize};
 
@@ -49,10 +53,11 @@ pub struct VmConfig {
     pub entropy: Option<serde_json::Value>,
     #[serde(default, skip_serializing)]
     pub balloon: Option<serde_json::Value>,
+    /// Applied when ember starts; not part of `GET /vm/config`, as in Firecracker.
     #[serde(default, skip_serializing)]
-    pub logger: Option<serde_json::Value>,
+    pub logger: Option<LoggerConfig>,
     #[serde(default, skip_serializing)]
-    pub metrics: Option<serde_json::Value>,
+    pub metrics: Option<MetricsConfig>,
     #[serde(rename = "cpu-config", default, skip_serializing)]
     pub cpu_config: Option<serde_json::Value>,
     #[serde(default, skip_serializing)]
@@ -98,8 +103,6 @@ impl VmConfig {
             (&self.vsock, Later::Vsock),
             (&self.entropy, Later::Entropy),
             (&self.balloon, Later::Balloon),
-            (&self.logger, Later::Logger),
-            (&self.metrics, Later::Metrics),
         ];
         for (section, later) in sections {
             if asks(section) {
@@ -125,14 +128,6 @@ impl VmConfig {
 /// name them when asked for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Later {
-    #[error("rate limiters are not available in Ember yet")]
-    RateLimiters,
-    #[error("changing a drive after boot (PATCH /drives) is not available in Ember yet")]
-    DriveUpdates,
-    #[error("configuring the logger through the API (PUT /logger) is not available in Ember yet; use --log-path and --level")]
-    Logger,
-    #[error("metrics (PUT /metrics) are not available in Ember yet")]
-    Metrics,
     #[error("the vsock device is not available in Ember yet")]
     Vsock,
     #[error("the entropy device is not available in Ember yet")]
@@ -196,6 +191,8 @@ pub enum ConfigError {
     MmdsAddress(std::net::Ipv4Addr),
     #[error("the MMDS data could not be stored: {0}")]
     Mmds(#[from] ::mmds::StoreError),
+    #[error("the {what} bucket has size {size} but refill_time 0: refill_time is the milliseconds it takes to refill the bucket and must be at least 1 (a bucket of size 0 sets no limit)")]
+    RefillTime { what: &'static str, size: u64 },
     #[error("the kernel command line must not contain a NUL byte")]
     BootArgsNul,
     #[error("{0}")]

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{valid_id, ConfigError, Later};
+use super::{valid_id, ConfigError, RateLimiterConfig};
 
 /// A MAC address, written `aa:bb:cc:dd:ee:ff` in the API as in Firecracker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,15 +64,19 @@ pub struct NetworkInterfaceConfig {
     /// Advertised with VIRTIO_NET_F_MTU when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
-    /// Accepted so that Firecracker's bodies parse; limiters come with rate limiting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rx_rate_limiter: Option<serde_json::Value>,
+    pub rx_rate_limiter: Option<RateLimiterConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tx_rate_limiter: Option<serde_json::Value>,
+    pub tx_rate_limiter: Option<RateLimiterConfig>,
 }
 
-fn asks_for_limiter(v: &Option<serde_json::Value>) -> bool {
-    v.as_ref().is_some_and(|r| !r.is_null())
+fn validate_limiters(
+    rx: Option<&RateLimiterConfig>,
+    tx: Option<&RateLimiterConfig>,
+) -> Result<(), ConfigError> {
+    rx.into_iter()
+        .chain(tx)
+        .try_for_each(RateLimiterConfig::validate)
 }
 
 impl NetworkInterfaceConfig {
@@ -86,9 +90,7 @@ impl NetworkInterfaceConfig {
                 return Err(ConfigError::Mtu(mtu));
             }
         }
-        if asks_for_limiter(&self.rx_rate_limiter) || asks_for_limiter(&self.tx_rate_limiter) {
-            return Err(ConfigError::NotYet(Later::RateLimiters));
-        }
+        validate_limiters(self.rx_rate_limiter.as_ref(), self.tx_rate_limiter.as_ref())?;
         devices::virtio::net::Tap::open(&self.host_dev_name)
             .map(drop)
             .map_err(|e| ConfigError::Tap {
@@ -104,13 +106,13 @@ impl NetworkInterfaceConfig {
 pub struct PartialNetworkInterface {
     pub iface_id: String,
     #[serde(default)]
-    pub rx_rate_limiter: Option<serde_json::Value>,
+    pub rx_rate_limiter: Option<RateLimiterConfig>,
     #[serde(default)]
-    pub tx_rate_limiter: Option<serde_json::Value>,
+    pub tx_rate_limiter: Option<RateLimiterConfig>,
 }
 
 impl PartialNetworkInterface {
-    pub fn asks_for_limiter(&self) -> bool {
-        asks_for_limiter(&self.rx_rate_limiter) || asks_for_limiter(&self.tx_rate_limiter)
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_limiters(self.rx_rate_limiter.as_ref(), self.tx_rate_limiter.as_ref())
     }
 }

@@ -19,6 +19,20 @@ pub enum Outcome {
     Stop(VmExit),
 }
 
+/// Counts an exit by kind in the vCPU metrics.
+pub fn count(exit: &VcpuExit<'_>, metrics: &telemetry::VcpuMetrics) {
+    let counter = match exit {
+        VcpuExit::IoIn(..) => &metrics.exit_io_in,
+        VcpuExit::IoOut(..) => &metrics.exit_io_out,
+        VcpuExit::MmioRead(..) => &metrics.exit_mmio_read,
+        VcpuExit::MmioWrite(..) => &metrics.exit_mmio_write,
+        VcpuExit::Hlt => &metrics.exit_hlt,
+        VcpuExit::InternalError => &metrics.exit_emulated,
+        _ => return,
+    };
+    counter.inc();
+}
+
 /// Routes port and MMIO accesses to the devices and turns the rest into an outcome.
 pub fn handle(exit: VcpuExit<'_>, index: u8, pio: &Bus, mmio: &Bus) -> Outcome {
     match exit {

@@ -48,6 +48,7 @@ pub struct Vcpu {
     mmio: Arc<Bus>,
     exit: Arc<ExitSignal>,
     mem: GuestMemory,
+    metrics: Arc<telemetry::Metrics>,
     control: Arc<VcpuControl>,
 }
 
@@ -116,6 +117,7 @@ impl Vcpu {
         mmio: Arc<Bus>,
         exit: Arc<ExitSignal>,
         mem: GuestMemory,
+        metrics: Arc<telemetry::Metrics>,
     ) -> Self {
         Vcpu {
             index,
@@ -124,6 +126,7 @@ impl Vcpu {
             mmio,
             exit,
             mem,
+            metrics,
             control: Arc::default(),
         }
     }
@@ -161,7 +164,10 @@ impl Vcpu {
     fn run(mut self) {
         loop {
             let outcome = match self.fd.run() {
-                Ok(exit) => exit::handle(exit, self.index, &self.pio, &self.mmio),
+                Ok(exit) => {
+                    exit::count(&exit, &self.metrics.vcpu);
+                    exit::handle(exit, self.index, &self.pio, &self.mmio)
+                }
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     exit::Outcome::Continue
                 }
@@ -175,6 +181,9 @@ impl Vcpu {
                 other => other,
             };
             if let exit::Outcome::Stop(reason) = outcome {
+                if matches!(reason, VmExit::VcpuError(_)) {
+                    self.metrics.vcpu.failures.inc();
+                }
                 self.exit.report(reason);
                 return;
             }

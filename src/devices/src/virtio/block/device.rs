@@ -4,22 +4,24 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use event_manager::{EventOps, Events, MutEventSubscriber};
+use telemetry::BlockMetrics;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
     VIRTIO_BLK_S_UNSUPP,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::request::{Request, RequestType, SECTOR_SIZE};
+use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
 use crate::virtio::device::read_config_bytes;
 use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
 
@@ -42,6 +44,8 @@ pub struct BlockConfig {
     pub path: PathBuf,
     pub read_only: bool,
     pub cache: CacheType,
+    pub limiter: LimiterSpec,
+    pub metrics: Arc<BlockMetrics>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +60,7 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot create the queue eventfd: {0}")]
+    #[error("cannot create the queue eventfd or the rate limiter's timer: {0}")]
     EventFd(std::io::Error),
 }
 
@@ -69,6 +73,7 @@ struct Active {
 pub struct Block {
     id: String,
     disk: File,
+    path: PathBuf,
     /// Bytes the guest may address: whole sectors only.
     capacity: u64,
     read_only: bool,
@@ -76,8 +81,33 @@ pub struct Block {
     avail_features: u64,
     acked_features: u64,
     config_space: Vec<u8>,
+    config_generation: u32,
     queue_events: [EventFd; 1],
     active: Option<Active>,
+    limiter: RateLimiter,
+    metrics: Arc<BlockMetrics>,
+}
+
+/// Opens a disk image; returns it with the bytes the guest may address (whole sectors).
+fn open_disk(path: &Path, read_only: bool) -> Result<(File, u64), Error> {
+    let mut disk = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(path)
+        .map_err(|source| Error::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let len = disk_len(&mut disk, path)?;
+    Ok((disk, len))
+}
+
+fn disk_len(disk: &mut File, path: &Path) -> Result<u64, Error> {
+    let len = disk.seek(SeekFrom::End(0)).map_err(|source| Error::Size {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(len - len % SECTOR_SIZE)
 }
 
 impl std::fmt::Debug for Block {
@@ -91,20 +121,7 @@ impl std::fmt::Debug for Block {
 
 impl Block {
     pub fn new(config: &BlockConfig) -> Result<Self, Error> {
-        let open_error = |source| Error::Open {
-            path: config.path.clone(),
-            source,
-        };
-        let mut disk = OpenOptions::new()
-            .read(true)
-            .write(!config.read_only)
-            .open(&config.path)
-            .map_err(open_error)?;
-        let len = disk.seek(SeekFrom::End(0)).map_err(|source| Error::Size {
-            path: config.path.clone(),
-            source,
-        })?;
-        let capacity = len - len % SECTOR_SIZE;
+        let (disk, capacity) = open_disk(&config.path, config.read_only)?;
         let mut avail_features = 1u64 << VIRTIO_F_VERSION_1;
         if config.read_only {
             avail_features |= 1 << VIRTIO_BLK_F_RO;
@@ -115,15 +132,73 @@ impl Block {
         Ok(Block {
             id: config.id.clone(),
             disk,
+            path: config.path.clone(),
             capacity,
             read_only: config.read_only,
             cache: config.cache,
             avail_features,
             acked_features: 0,
             config_space: (capacity / SECTOR_SIZE).to_le_bytes().to_vec(),
+            config_generation: 0,
             queue_events: [EventFd::new(libc::EFD_NONBLOCK).map_err(Error::EventFd)?],
             active: None,
+            limiter: RateLimiter::new(config.limiter).map_err(Error::EventFd)?,
+            metrics: config.metrics.clone(),
         })
+    }
+
+    /// The guest's view of the disk size changed: new configuration space, and a
+    /// configuration-change interrupt if a driver is there to take it.
+    fn set_capacity(&mut self, capacity: u64) {
+        self.capacity = capacity;
+        self.config_space = (capacity / SECTOR_SIZE).to_le_bytes().to_vec();
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if let Some(active) = &self.active {
+            let _ = active.irq.trigger(InterruptKind::Config);
+        }
+    }
+
+    /// `PATCH /drives` with a new `path_on_host`: the guest reads and writes the new file
+    /// from its next request on, and is told its size. The old file stays in use if the new
+    /// one cannot be opened.
+    pub fn replace_disk(&mut self, path: &Path) -> Result<(), Error> {
+        let (disk, capacity) = open_disk(path, self.read_only).inspect_err(|_| {
+            self.metrics.update_fails.inc();
+        })?;
+        self.disk = disk;
+        self.path = path.to_path_buf();
+        self.metrics.update_count.inc();
+        self.set_capacity(capacity);
+        Ok(())
+    }
+
+    /// `BlockDeviceRescan`: the file was resized on the host; tell the guest its new size.
+    pub fn rescan(&mut self) -> Result<(), Error> {
+        let capacity = disk_len(&mut self.disk, &self.path).inspect_err(|_| {
+            self.metrics.update_fails.inc();
+        })?;
+        self.metrics.update_count.inc();
+        self.set_capacity(capacity);
+        Ok(())
+    }
+
+    /// A new `rate_limiter` after boot; requests held back by the old one are served now.
+    pub fn update_limiter(&mut self, bandwidth: BucketUpdate, ops: BucketUpdate) {
+        self.limiter.update(bandwidth, ops);
+        self.metrics.update_count.inc();
+        self.process_queue();
+    }
+
+    /// The rate limiter's timer fired (waits for it if not): serve what it held back.
+    pub fn on_limiter_timer(&mut self) {
+        self.limiter.on_timer();
+        self.metrics.rate_limiter_event_count.inc();
+        self.process_queue();
+    }
+
+    /// The limits in force, for tests.
+    pub fn limiter_spec(&self) -> LimiterSpec {
+        self.limiter.spec()
     }
 
     /// Serves every request the guest has made available; true if any was completed.
@@ -135,9 +210,22 @@ impl Block {
         while let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) {
             let head = chain.head_index();
             let used_len = match Request::parse(&active.mem, chain) {
-                Ok(request) => self.execute(&active.mem, &request),
+                Ok(request) => {
+                    let bytes = match request.kind {
+                        RequestType::In | RequestType::Out => request.data_len(),
+                        _ => 0,
+                    };
+                    if !self.limiter.consume(bytes, 1) {
+                        // Back into the ring: served, once, when the limiter's timer fires.
+                        active.queue.go_to_previous_position();
+                        self.metrics.rate_limiter_throttled_events.inc();
+                        break;
+                    }
+                    self.execute(&active.mem, &request)
+                }
                 Err(e) => {
                     log::debug!("block {}: bad request: {e}", self.id);
+                    self.metrics.invalid_reqs_count.inc();
                     0
                 }
             };
@@ -156,8 +244,26 @@ impl Block {
     /// Runs one checked request and writes its status; returns the bytes written to the guest.
     fn execute(&mut self, mem: &GuestMemory, request: &Request) -> u32 {
         let (status, written) = match self.perform(mem, request) {
-            Ok(written) => (VIRTIO_BLK_S_OK, written),
-            Err(status) => (status, 0),
+            Ok(written) => {
+                let m = &self.metrics;
+                match request.kind {
+                    RequestType::In => {
+                        m.read_count.inc();
+                        m.read_bytes.add(request.data_len());
+                    }
+                    RequestType::Out => {
+                        m.write_count.inc();
+                        m.write_bytes.add(request.data_len());
+                    }
+                    RequestType::Flush => m.flush_count.inc(),
+                    _ => {}
+                }
+                (VIRTIO_BLK_S_OK, written)
+            }
+            Err(status) => {
+                self.metrics.execute_fails.inc();
+                (status, 0)
+            }
         };
         if mem.write_obj(status as u8, request.status).is_err() {
             return 0;
@@ -247,6 +353,10 @@ impl VirtioDevice for Block {
         read_config_bytes(&self.config_space, offset, data);
     }
 
+    fn config_generation(&self) -> u32 {
+        self.config_generation
+    }
+
     fn activate(
         &mut self,
         mem: GuestMemory,
@@ -260,6 +370,7 @@ impl VirtioDevice for Block {
             .filter(|_| found == 1)
             .ok_or(ActivateError::QueueCount { expected: 1, found })?;
         if !queue.is_valid(&mem) {
+            self.metrics.activate_fails.inc();
             return Err(ActivateError::InvalidQueue(0));
         }
         self.active = Some(Active { mem, queue, irq });
@@ -276,15 +387,27 @@ impl VirtioDevice for Block {
 
 impl MutEventSubscriber for Block {
     fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::new(&self.queue_events[0], EventSet::IN)) {
-            log::error!("block {}: cannot watch the queue eventfd: {e}", self.id);
+        for events in [
+            Events::new(&self.queue_events[0], EventSet::IN),
+            Events::new(&self.limiter, EventSet::IN),
+        ] {
+            if let Err(e) = ops.add(events) {
+                self.metrics.event_fails.inc();
+                log::error!("block {}: cannot watch a descriptor: {e}", self.id);
+            }
         }
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         if events.fd() == self.queue_events[0].as_raw_fd() {
             let _ = self.queue_events[0].read();
-            self.process_queue();
+            self.metrics.queue_event_count.inc();
+            // A throttled queue is served when the limiter's timer fires, not before.
+            if !self.limiter.is_blocked() {
+                self.process_queue();
+            }
+        } else if events.fd() == self.limiter.as_raw_fd() {
+            self.on_limiter_timer();
         }
     }
 }

@@ -13,7 +13,10 @@ use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
+use telemetry::BlockMetrics;
+
 use super::{Block, BlockConfig, CacheType, Request, RequestError, RequestType};
+use crate::rate_limiter::{BucketSpec, BucketUpdate, LimiterSpec};
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const NEXT: u16 = 1;
@@ -53,11 +56,22 @@ fn memory() -> GuestMemory {
 }
 
 fn block(disk: &Disk, read_only: bool) -> Block {
+    limited_block(disk, read_only, LimiterSpec::default(), Arc::default())
+}
+
+fn limited_block(
+    disk: &Disk,
+    read_only: bool,
+    limiter: LimiterSpec,
+    metrics: Arc<BlockMetrics>,
+) -> Block {
     Block::new(&BlockConfig {
         id: "disk_7".into(),
         path: disk.path.clone(),
         read_only,
         cache: CacheType::Writeback,
+        limiter,
+        metrics,
     })
     .unwrap()
 }
@@ -368,4 +382,136 @@ fn parse_checks_direction_and_layout() {
         matches!(e, RequestError::BufferOutsideMemory | RequestError::TooLong),
         "{e:?}"
     );
+}
+
+/// The used ring's (head, len) elements so far.
+fn used(mem: &GuestMemory, mq: &MockSplitQueue<GuestMemory>) -> Vec<(u32, u32)> {
+    let used_idx: u16 = mem.read_obj(GuestAddress(mq.used_addr().0 + 2)).unwrap();
+    (0..used_idx)
+        .map(|i| {
+            let at = mq.used_addr().0 + 4 + 8 * u64::from(i);
+            (
+                mem.read_obj(GuestAddress(at)).unwrap(),
+                mem.read_obj(GuestAddress(at + 4)).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
+    let contents: Vec<u8> = (0..4096u32).map(|i| (i / 512) as u8).collect();
+    let disk = Disk::new("limited", &contents);
+    let mem = memory();
+    let metrics = Arc::new(BlockMetrics::default());
+    // Two requests at once, then one every 50 ms.
+    let ops = BucketSpec {
+        size: 2,
+        one_time_burst: 0,
+        refill_time_ms: 100,
+    };
+    let limiter = LimiterSpec {
+        bandwidth: None,
+        ops: Some(ops),
+    };
+    let mut dev = limited_block(&disk, false, limiter, metrics.clone());
+    // Five reads, request r of sector r, each with its own buffer and status byte.
+    let mq = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+    for r in 0..5u16 {
+        let hdr = HDR + 16 * u64::from(r);
+        mem.write_obj(0u32, GuestAddress(hdr)).unwrap();
+        mem.write_obj(u64::from(r), GuestAddress(hdr + 8)).unwrap();
+        let data = DATA + 512 * u64::from(r);
+        let status = STATUS + u64::from(r);
+        let d = 3 * r;
+        mq.desc_table()
+            .store(d, desc(hdr, 16, NEXT, d + 1))
+            .unwrap();
+        mq.desc_table()
+            .store(d + 1, desc(data, 512, NEXT | WRITE, d + 2))
+            .unwrap();
+        mq.desc_table()
+            .store(d + 2, desc(status, 1, WRITE, 0))
+            .unwrap();
+        mq.avail().ring().ref_at(r.into()).unwrap().store(d);
+    }
+    mq.avail().idx().store(5);
+    let queue: Queue = mq.create_queue().unwrap();
+    let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    dev.activate(mem.clone(), vec![queue], irq).unwrap();
+    assert_eq!(used(&mem, &mq).len(), 2, "the bucket holds two requests");
+    assert_eq!(metrics.rate_limiter_throttled_events.total(), 1);
+
+    let started = std::time::Instant::now();
+    while used(&mem, &mq).len() < 5 {
+        dev.on_limiter_timer();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    // Three more tokens at one per 50 ms.
+    assert!(started.elapsed() >= std::time::Duration::from_millis(140));
+    let heads: Vec<u32> = used(&mem, &mq).iter().map(|&(h, _)| h).collect();
+    assert_eq!(
+        heads,
+        [0, 3, 6, 9, 12],
+        "each request served once, in order"
+    );
+    for r in 0..5u64 {
+        let mut got = [0u8; 512];
+        mem.read_slice(&mut got, GuestAddress(DATA + 512 * r))
+            .unwrap();
+        assert!(got.iter().all(|&b| b == r as u8));
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(STATUS + r)).unwrap(),
+            VIRTIO_BLK_S_OK as u8
+        );
+    }
+    assert_eq!(metrics.read_count.total(), 5);
+    assert_eq!(metrics.read_bytes.total(), 5 * 512);
+
+    // A PATCH that lifts the limit frees the queue at once.
+    dev.update_limiter(BucketUpdate::Keep, BucketUpdate::Disable);
+    assert_eq!(dev.limiter_spec(), LimiterSpec::default());
+}
+
+#[test]
+fn rescan_and_a_new_file_change_the_size_the_guest_reads_and_interrupt_it() {
+    let disk = Disk::new("grow", &[1u8; 1024]);
+    let other = Disk::new("other", &[9u8; 3072]);
+    let mem = memory();
+    let mut dev = block(&disk, false);
+    let sectors = |dev: &Block| {
+        let mut b = [0u8; 8];
+        dev.read_config(0, &mut b);
+        u64::from_le_bytes(b)
+    };
+    assert_eq!(sectors(&dev), 2);
+    // Activated, so that the device has an interrupt to raise.
+    let mq = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+    let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    dev.activate(mem.clone(), vec![mq.create_queue().unwrap()], irq.clone())
+        .unwrap();
+    assert_eq!(irq.status(), 0);
+    let generation = dev.config_generation();
+
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&disk.path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    assert_eq!(sectors(&dev), 2, "nothing changes before the rescan");
+    dev.rescan().unwrap();
+    assert_eq!(sectors(&dev), 2048);
+    assert_ne!(dev.config_generation(), generation);
+    let config_bit = virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_CONFIG;
+    assert_eq!(irq.status(), config_bit, "a configuration-change interrupt");
+    irq.ack(config_bit);
+
+    dev.replace_disk(&other.path).unwrap();
+    assert_eq!(sectors(&dev), 6);
+    assert_eq!(irq.status(), config_bit);
+    assert!(dev
+        .replace_disk(std::path::Path::new("/nonexistent/disk"))
+        .is_err());
+    assert_eq!(sectors(&dev), 6, "a failed replacement keeps the disk");
 }

@@ -11,19 +11,21 @@ use std::sync::Arc;
 
 use event_manager::{EventOps, Events, MutEventSubscriber};
 use mmds::{MmdsStack, SharedStore};
+use telemetry::NetMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU,
 };
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, VNET_HDR_LEN};
+use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
 use crate::virtio::device::read_config_bytes;
 use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
 
@@ -49,7 +51,13 @@ pub struct NetConfig {
     pub guest_mac: Option<[u8; 6]>,
     pub mtu: Option<u16>,
     pub mmds: Option<MmdsLink>,
+    pub rx_limiter: LimiterSpec,
+    pub tx_limiter: LimiterSpec,
+    pub metrics: Arc<NetMetrics>,
 }
+
+/// A `PATCH` of one direction's limiter: the bandwidth and ops buckets.
+pub type LimiterUpdate = (BucketUpdate, BucketUpdate);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -87,6 +95,9 @@ pub struct Net {
     rx_frame: Vec<u8>,
     rx_len: usize,
     tx_frame: Vec<u8>,
+    rx_limiter: RateLimiter,
+    tx_limiter: RateLimiter,
+    metrics: Arc<NetMetrics>,
 }
 
 impl std::fmt::Debug for Net {
@@ -138,7 +149,42 @@ impl Net {
             rx_frame: Vec::new(),
             rx_len: 0,
             tx_frame: Vec::new(),
+            rx_limiter: RateLimiter::new(config.rx_limiter).map_err(Error::Fd)?,
+            tx_limiter: RateLimiter::new(config.tx_limiter).map_err(Error::Fd)?,
+            metrics: config.metrics.clone(),
         })
+    }
+
+    /// New limiters after boot; `None` leaves a direction as it is. Frames held back by the
+    /// old limits move now.
+    pub fn update_limiters(&mut self, rx: Option<LimiterUpdate>, tx: Option<LimiterUpdate>) {
+        if let Some((bandwidth, ops)) = rx {
+            self.rx_limiter.update(bandwidth, ops);
+        }
+        if let Some((bandwidth, ops)) = tx {
+            self.tx_limiter.update(bandwidth, ops);
+        }
+        self.process_tx();
+        self.process_rx();
+    }
+
+    /// The RX limiter's timer fired (waits for it if not): deliver what it held back.
+    pub fn on_rx_limiter_timer(&mut self) {
+        self.rx_limiter.on_timer();
+        self.metrics.rx_event_rate_limiter_count.inc();
+        self.process_rx();
+    }
+
+    /// The TX limiter's timer fired (waits for it if not): send what it held back.
+    pub fn on_tx_limiter_timer(&mut self) {
+        self.tx_limiter.on_timer();
+        self.metrics.tx_rate_limiter_event_count.inc();
+        self.process_tx();
+    }
+
+    /// The limits in force (RX, TX), for tests.
+    pub fn limiter_specs(&self) -> (LimiterSpec, LimiterSpec) {
+        (self.rx_limiter.spec(), self.tx_limiter.spec())
     }
 
     fn acked(&self, bit: u32) -> bool {
@@ -172,8 +218,16 @@ impl Net {
             }
             let Some(chain) = active.rx.pop_descriptor_chain(&active.mem) else {
                 // No buffers: the frame waits, and so does the TAP, until the guest adds some.
+                self.metrics.no_rx_avail_buffer.inc();
                 break;
             };
+            let frame_len = (self.rx_len - VNET_HDR_LEN) as u64;
+            if !self.rx_limiter.consume(frame_len, 1) {
+                // The frame waits for the limiter's timer, its buffer in the guest's ring.
+                active.rx.go_to_previous_position();
+                self.metrics.rx_rate_limiter_throttled.inc();
+                break;
+            }
             let head = chain.head_index();
             let frame = &self.rx_frame[..self.rx_len];
             let mut written = 0usize;
@@ -195,8 +249,13 @@ impl Net {
                 written += n;
             }
             let used = match written == frame.len() {
-                true => written as u32,
+                true => {
+                    self.metrics.rx_packets_count.inc();
+                    self.metrics.rx_bytes_count.add(frame_len);
+                    written as u32
+                }
                 false => {
+                    self.metrics.rx_fails.inc();
                     log::debug!(
                         "net {}: an RX buffer is too small or bad; frame dropped",
                         self.id
@@ -244,6 +303,7 @@ impl Net {
             Ok(_) => false,
             Err(e) => {
                 if e.kind() != std::io::ErrorKind::WouldBlock {
+                    self.metrics.tap_read_fails.inc();
                     log::warn!("net {}: reading the TAP failed: {e}", self.id);
                 }
                 false
@@ -281,11 +341,23 @@ impl Net {
                 }
                 len += n;
             }
+            if ok && len >= VNET_HDR_LEN {
+                let frame_len = (len - VNET_HDR_LEN) as u64;
+                if !self.tx_limiter.consume(frame_len, 1) {
+                    // Back into the ring: read again and sent when the limiter's timer fires.
+                    active.tx.go_to_previous_position();
+                    self.metrics.tx_rate_limiter_throttled.inc();
+                    break;
+                }
+                self.metrics.tx_packets_count.inc();
+                self.metrics.tx_bytes_count.add(frame_len);
+            }
             if active.tx.add_used(&active.mem, head, 0).is_err() {
                 log::debug!("net {}: TX used ring update failed", self.id);
             }
             used_any = true;
             if !ok || len < VNET_HDR_LEN {
+                self.metrics.tx_malformed_frames.inc();
                 log::debug!("net {}: a malformed TX chain was dropped", self.id);
                 continue;
             }
@@ -298,6 +370,7 @@ impl Net {
                 }
             }
             if let Err(e) = self.tap.write_frame(&self.tx_frame[..len]) {
+                self.metrics.tap_write_fails.inc();
                 log::debug!("net {}: the TAP refused a frame: {e}", self.id);
             }
         }
@@ -398,6 +471,7 @@ impl VirtioDevice for Net {
         };
         for (i, q) in [&rx, &tx].into_iter().enumerate() {
             if !q.is_valid(&mem) {
+                self.metrics.activate_fails.inc();
                 return Err(ActivateError::InvalidQueue(i));
             }
         }
@@ -430,12 +504,15 @@ impl MutEventSubscriber for Net {
             Events::new(&self.queue_events[RX], EventSet::IN),
             Events::new(&self.queue_events[TX], EventSet::IN),
             Events::new(&self.tap, EventSet::IN | EventSet::EDGE_TRIGGERED),
+            Events::new(&self.rx_limiter, EventSet::IN),
+            Events::new(&self.tx_limiter, EventSet::IN),
         ];
         if let Some(mmds) = &self.mmds {
             watch.push(Events::new(&mmds.timer, EventSet::IN));
         }
         for events in watch {
             if let Err(e) = ops.add(events) {
+                self.metrics.event_fails.inc();
                 log::error!("net {}: cannot watch a descriptor: {e}", self.id);
             }
         }
@@ -443,14 +520,28 @@ impl MutEventSubscriber for Net {
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         let fd = events.fd();
+        // A throttled direction moves when its limiter's timer fires, not before.
         if fd == self.queue_events[RX].as_raw_fd() {
             let _ = self.queue_events[RX].read();
-            self.process_rx();
+            self.metrics.rx_queue_event_count.inc();
+            if !self.rx_limiter.is_blocked() {
+                self.process_rx();
+            }
         } else if fd == self.queue_events[TX].as_raw_fd() {
             let _ = self.queue_events[TX].read();
-            self.process_tx();
+            self.metrics.tx_queue_event_count.inc();
+            if !self.tx_limiter.is_blocked() {
+                self.process_tx();
+            }
         } else if fd == self.tap.as_raw_fd() {
-            self.process_rx();
+            self.metrics.rx_tap_event_count.inc();
+            if !self.rx_limiter.is_blocked() {
+                self.process_rx();
+            }
+        } else if fd == self.rx_limiter.as_raw_fd() {
+            self.on_rx_limiter_timer();
+        } else if fd == self.tx_limiter.as_raw_fd() {
+            self.on_tx_limiter_timer();
         } else if self
             .mmds
             .as_ref()

@@ -15,6 +15,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{MmdsLink, Net, NetConfig};
+use crate::rate_limiter::{BucketSpec, BucketUpdate, LimiterSpec};
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const NEXT: u16 = 1;
@@ -92,6 +93,14 @@ struct Rig {
 
 impl Rig {
     fn new(mmds: Option<MmdsLink>) -> Rig {
+        Rig::limited(mmds, LimiterSpec::default(), Arc::default())
+    }
+
+    fn limited(
+        mmds: Option<MmdsLink>,
+        tx_limiter: LimiterSpec,
+        metrics: Arc<telemetry::NetMetrics>,
+    ) -> Rig {
         let mem: &'static GuestMemory = Box::leak(Box::new(
             GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap(),
         ));
@@ -103,6 +112,9 @@ impl Rig {
             guest_mac: Some([6, 0, 0, 0, 0, 2]),
             mtu: None,
             mmds,
+            rx_limiter: LimiterSpec::default(),
+            tx_limiter,
+            metrics,
         })
         .unwrap();
         net.set_acked_features(net.avail_features());
@@ -313,4 +325,56 @@ fn without_rx_buffers_frames_wait_in_the_tap() {
     rig.offer(false, 0, &[desc(0x20_0000, 2048, WRITE, 0)]);
     assert!(rig.net.process_rx());
     assert_eq!(rig.used(false).len(), 1);
+}
+
+#[test]
+fn a_throttled_tx_queue_sends_each_frame_once_when_tokens_come_back() {
+    let Some(ns) = Namespace::enter("limited") else {
+        return;
+    };
+    let metrics = Arc::new(telemetry::NetMetrics::default());
+    // Two frames at once, then one every 50 ms; and 1 MB of bandwidth that never binds.
+    let limiter = LimiterSpec {
+        bandwidth: Some(BucketSpec {
+            size: 1 << 20,
+            one_time_burst: 0,
+            refill_time_ms: 1000,
+        }),
+        ops: Some(BucketSpec {
+            size: 2,
+            one_time_burst: 0,
+            refill_time_ms: 100,
+        }),
+    };
+    let mut rig = Rig::limited(None, limiter, metrics.clone());
+    let before = ns.frames_from_ember();
+    let len = put_frame(&rig.mem, 0x10_0000, 200);
+    for i in 0..5 {
+        rig.offer(true, i, &[desc(0x10_0000, len, 0, 0)]);
+    }
+    rig.net.process_tx();
+    assert_eq!(rig.used(true).len(), 2);
+    assert_eq!(ns.frames_from_ember() - before, 2);
+    let started = std::time::Instant::now();
+    while rig.used(true).len() < 5 {
+        rig.net.on_tx_limiter_timer();
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_millis(140));
+    let heads: Vec<u32> = rig.used(true).iter().map(|&(h, _)| h).collect();
+    assert_eq!(heads, [0, 1, 2, 3, 4], "each frame once, in order");
+    assert_eq!(ns.frames_from_ember() - before, 5);
+    assert_eq!(metrics.tx_packets_count.total(), 5);
+    assert_eq!(metrics.tx_bytes_count.total(), 5 * u64::from(len - 12));
+    assert!(metrics.tx_rate_limiter_throttled.total() >= 1);
+
+    // A PATCH that removes the ops bucket lets a burst through at once.
+    rig.net
+        .update_limiters(None, Some((BucketUpdate::Keep, BucketUpdate::Disable)));
+    for i in 5..10 {
+        rig.offer(true, i, &[desc(0x10_0000, len, 0, 0)]);
+    }
+    rig.net.process_tx();
+    assert_eq!(rig.used(true).len(), 10);
+    assert_eq!(rig.net.limiter_specs().1.ops, None);
 }

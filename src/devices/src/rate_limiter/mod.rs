@@ -1,0 +1,208 @@
+//! Rate limiting for a device queue: a bandwidth bucket (bytes) and an ops bucket
+//! (requests), either optional, and a timerfd that wakes the device's event loop when a
+//! throttled request can go. A device asks [`RateLimiter::consume`] before serving a request;
+//! on `false` it leaves the request where it is (in the guest's ring, or the frame it holds)
+//! and serves it when the timer fires, so nothing is lost, nothing is served twice, and
+//! nothing spins while it waits.
+
+mod bucket;
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+pub use bucket::{BucketSpec, TokenBucket};
+use vmm_sys_util::timerfd::TimerFd;
+
+/// A change to one bucket of a running limiter (`PATCH` after boot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BucketUpdate {
+    /// Leave the bucket as it is.
+    Keep,
+    /// Remove the bucket: no limit of that kind.
+    Disable,
+    /// A new, full bucket.
+    Set(BucketSpec),
+}
+
+/// The limits of one device queue, as configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LimiterSpec {
+    pub bandwidth: Option<BucketSpec>,
+    pub ops: Option<BucketSpec>,
+}
+
+#[derive(Debug)]
+pub struct RateLimiter {
+    bandwidth: Option<TokenBucket>,
+    ops: Option<TokenBucket>,
+    timer: TimerFd,
+    blocked: bool,
+    epoch: Instant,
+}
+
+/// The shortest timer: a zero timeout would disarm a timerfd instead of firing it.
+const MIN_WAIT: Duration = Duration::from_micros(100);
+
+impl RateLimiter {
+    pub fn new(spec: LimiterSpec) -> std::io::Result<Self> {
+        let timer = TimerFd::new().map_err(std::io::Error::from)?;
+        let epoch = Instant::now();
+        Ok(RateLimiter {
+            bandwidth: spec.bandwidth.and_then(|b| TokenBucket::new(b, 0)),
+            ops: spec.ops.and_then(|b| TokenBucket::new(b, 0)),
+            timer,
+            blocked: false,
+            epoch,
+        })
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether any bucket is set.
+    pub fn is_limiting(&self) -> bool {
+        self.bandwidth.is_some() || self.ops.is_some()
+    }
+
+    /// Whether a request is waiting for the timer.
+    pub fn is_blocked(&self) -> bool {
+        self.blocked
+    }
+
+    /// Takes `bytes` from the bandwidth bucket and `ops` from the ops bucket, both or
+    /// neither. On `false` the timer is set for when both can give, and every later call
+    /// fails until [`RateLimiter::on_timer`].
+    pub fn consume(&mut self, bytes: u64, ops: u64) -> bool {
+        if self.blocked {
+            return false;
+        }
+        if !self.is_limiting() {
+            return true;
+        }
+        let now = self.now();
+        let mut wait = 0;
+        for (bucket, tokens) in [(&mut self.bandwidth, bytes), (&mut self.ops, ops)] {
+            if let Some(b) = bucket {
+                // A probe on a copy, so that a bucket that could give does not give alone.
+                let mut probe = b.clone();
+                if !probe.reduce(tokens, now) {
+                    wait = wait.max(probe.wait_ns(tokens, now));
+                }
+            }
+        }
+        if wait == 0 {
+            for (bucket, tokens) in [(&mut self.bandwidth, bytes), (&mut self.ops, ops)] {
+                if let Some(b) = bucket {
+                    let taken = b.reduce(tokens, now);
+                    debug_assert!(taken);
+                }
+            }
+            return true;
+        }
+        self.block(Duration::from_nanos(wait));
+        false
+    }
+
+    fn block(&mut self, wait: Duration) {
+        self.blocked = true;
+        if let Err(e) = self.timer.reset(wait.max(MIN_WAIT), None) {
+            // Without a timer nothing would wake the device: let it retry instead.
+            log::error!("cannot set a rate limiter timer: {e}");
+            self.blocked = false;
+        }
+    }
+
+    /// The timer fired: requests may be tried again.
+    pub fn on_timer(&mut self) {
+        let _ = self.timer.wait();
+        self.blocked = false;
+    }
+
+    /// Applies a `PATCH`: the changed buckets start full. A waiting request is released, so
+    /// the device should serve its queue after this.
+    pub fn update(&mut self, bandwidth: BucketUpdate, ops: BucketUpdate) {
+        let now = self.now();
+        for (bucket, update) in [(&mut self.bandwidth, bandwidth), (&mut self.ops, ops)] {
+            match update {
+                BucketUpdate::Keep => {}
+                BucketUpdate::Disable => *bucket = None,
+                BucketUpdate::Set(spec) => *bucket = TokenBucket::new(spec, now),
+            }
+        }
+        if self.blocked {
+            let _ = self.timer.clear();
+            self.blocked = false;
+        }
+    }
+
+    /// The buckets as configured now.
+    pub fn spec(&self) -> LimiterSpec {
+        LimiterSpec {
+            bandwidth: self.bandwidth.as_ref().map(TokenBucket::spec),
+            ops: self.ops.as_ref().map(TokenBucket::spec),
+        }
+    }
+}
+
+impl AsRawFd for RateLimiter {
+    fn as_raw_fd(&self) -> RawFd {
+        self.timer.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(size: u64, refill_ms: u64) -> Option<BucketSpec> {
+        Some(BucketSpec {
+            size,
+            one_time_burst: 0,
+            refill_time_ms: refill_ms,
+        })
+    }
+
+    #[test]
+    fn both_buckets_give_or_neither_does() {
+        let mut rl = RateLimiter::new(LimiterSpec {
+            bandwidth: spec(1000, 100_000),
+            ops: spec(2, 100_000),
+        })
+        .unwrap();
+        assert!(rl.consume(400, 1));
+        assert!(rl.consume(400, 1));
+        // The ops bucket is empty: the bandwidth bucket keeps its 200 bytes.
+        assert!(!rl.consume(100, 1));
+        assert!(rl.is_blocked());
+        assert!(!rl.consume(0, 0), "blocked until the timer fires");
+        rl.update(BucketUpdate::Keep, BucketUpdate::Disable);
+        assert!(!rl.is_blocked());
+        assert!(rl.consume(200, 1));
+        assert!(!rl.consume(1, 1));
+    }
+
+    #[test]
+    fn a_throttled_limiter_fires_its_timer_when_tokens_are_back() {
+        // 1000 bytes per 100 ms: 100 bytes take 10 ms.
+        let mut rl = RateLimiter::new(LimiterSpec {
+            bandwidth: spec(1000, 100),
+            ops: None,
+        })
+        .unwrap();
+        assert!(rl.consume(1000, 1));
+        let started = Instant::now();
+        assert!(!rl.consume(100, 1));
+        rl.on_timer(); // blocks until the timerfd expires
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(9), "{waited:?}");
+        assert!(rl.consume(100, 1));
+    }
+
+    #[test]
+    fn no_buckets_limit_nothing() {
+        let mut rl = RateLimiter::new(LimiterSpec::default()).unwrap();
+        assert!(!rl.is_limiting());
+        assert!(rl.consume(u64::MAX, u64::MAX));
+    }
+}

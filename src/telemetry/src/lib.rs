@@ -1,0 +1,13 @@
+//! What ember tells its operator: the human-readable log ([`logger`]) and the JSON metrics
+//! ([`metrics`]), both written to a file or a named pipe through a [`sink::LineSink`] that
+//! drops a line rather than wait for a slow reader.
+
+pub mod counter;
+pub mod logger;
+pub mod metrics;
+pub mod sink;
+mod time;
+
+pub use counter::{Counter, MaxGauge};
+pub use metrics::{ApiMetrics, BlockMetrics, Metrics, NetMetrics, VcpuMetrics};
+pub use sink::LineSink;

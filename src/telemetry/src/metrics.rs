@@ -1,0 +1,345 @@
+//! The metrics Ember reports, under Firecracker's section and field names where Firecracker
+//! has them: per-device counters (`block_<id>`, `net_<id>`, and their sums `block`, `net`),
+//! API request counts (`get_api_requests`, `put_api_requests`, `patch_api_requests`), vCPU
+//! exits (`vcpu`), and, beyond Firecracker, the API's request latency (`api_server`).
+//!
+//! Devices, vCPUs and the API thread hold their own counters ([`std::sync::Arc`]s from the
+//! [`Metrics`] registry) and bump them without locks; the VMM thread writes one JSON line
+//! per flush ([`Metrics::line`]) with what changed since the previous one.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Map, Value};
+
+use crate::counter::{Counter, MaxGauge};
+
+/// Declares a struct of counters and the function that reports them by name.
+macro_rules! counters {
+    ($(#[$meta:meta])* $name:ident { $($field:ident),* $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Default)]
+        pub struct $name {
+            $(pub $field: Counter,)*
+        }
+
+        impl $name {
+            /// Each counter's change since the last report, by Firecracker's name.
+            pub fn take(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($field), self.$field.take()),)*]
+            }
+        }
+    };
+}
+
+counters!(
+    /// One virtio-blk device.
+    BlockMetrics {
+        activate_fails,
+        cfg_fails,
+        event_fails,
+        execute_fails,
+        invalid_reqs_count,
+        flush_count,
+        queue_event_count,
+        rate_limiter_event_count,
+        rate_limiter_throttled_events,
+        update_count,
+        update_fails,
+        read_bytes,
+        write_bytes,
+        read_count,
+        write_count,
+    }
+);
+
+counters!(
+    /// One virtio-net device.
+    NetMetrics {
+        activate_fails,
+        event_fails,
+        no_rx_avail_buffer,
+        rx_queue_event_count,
+        rx_event_rate_limiter_count,
+        rx_rate_limiter_throttled,
+        rx_tap_event_count,
+        rx_bytes_count,
+        rx_packets_count,
+        rx_fails,
+        rx_count,
+        tap_read_fails,
+        tap_write_fails,
+        tx_bytes_count,
+        tx_malformed_frames,
+        tx_fails,
+        tx_count,
+        tx_packets_count,
+        tx_queue_event_count,
+        tx_rate_limiter_event_count,
+        tx_rate_limiter_throttled,
+    }
+);
+
+counters!(
+    /// All vCPUs together: KVM exits by kind, and exits that ended the vCPU.
+    VcpuMetrics {
+        exit_io_in,
+        exit_io_out,
+        exit_mmio_read,
+        exit_mmio_write,
+        exit_hlt,
+        exit_emulated,
+        failures,
+    }
+);
+
+counters!(GetRequests {
+    instance_info_count,
+    machine_cfg_count,
+    mmds_count,
+    vmm_version_count,
+    vm_config_count,
+});
+
+counters!(PutRequests {
+    actions_count,
+    actions_fails,
+    boot_source_count,
+    boot_source_fails,
+    drive_count,
+    drive_fails,
+    logger_count,
+    logger_fails,
+    machine_cfg_count,
+    machine_cfg_fails,
+    metrics_count,
+    metrics_fails,
+    mmds_count,
+    mmds_fails,
+    network_count,
+    network_fails,
+});
+
+counters!(PatchRequests {
+    drive_count,
+    drive_fails,
+    machine_cfg_count,
+    machine_cfg_fails,
+    mmds_count,
+    mmds_fails,
+    network_count,
+    network_fails,
+    vm_count,
+    vm_fails,
+});
+
+/// What the API thread counts.
+#[derive(Debug, Default)]
+pub struct ApiMetrics {
+    pub get: GetRequests,
+    pub put: PutRequests,
+    pub patch: PatchRequests,
+    /// Every request answered, whatever its path.
+    pub request_count: Counter,
+    /// Requests answered with a status of 400 or more.
+    pub request_fails: Counter,
+    /// Microseconds from a complete request to its answer being queued.
+    pub latency_us_total: Counter,
+    pub latency_us_max: MaxGauge,
+}
+
+impl ApiMetrics {
+    /// Counts one answered request: `resource` is the path's first segment.
+    pub fn record(&self, method: &str, resource: &str, failed: bool, latency_us: u64) {
+        self.request_count.inc();
+        self.latency_us_total.add(latency_us);
+        self.latency_us_max.observe(latency_us);
+        if failed {
+            self.request_fails.inc();
+        }
+        let (count, fails) = match method {
+            "GET" => {
+                let count = match resource {
+                    "" => &self.get.instance_info_count,
+                    "machine-config" => &self.get.machine_cfg_count,
+                    "mmds" => &self.get.mmds_count,
+                    "version" => &self.get.vmm_version_count,
+                    "vm" => &self.get.vm_config_count,
+                    _ => return,
+                };
+                (count, None)
+            }
+            "PUT" => {
+                let p = &self.put;
+                match resource {
+                    "actions" => (&p.actions_count, Some(&p.actions_fails)),
+                    "boot-source" => (&p.boot_source_count, Some(&p.boot_source_fails)),
+                    "drives" => (&p.drive_count, Some(&p.drive_fails)),
+                    "logger" => (&p.logger_count, Some(&p.logger_fails)),
+                    "machine-config" => (&p.machine_cfg_count, Some(&p.machine_cfg_fails)),
+                    "metrics" => (&p.metrics_count, Some(&p.metrics_fails)),
+                    "mmds" => (&p.mmds_count, Some(&p.mmds_fails)),
+                    "network-interfaces" => (&p.network_count, Some(&p.network_fails)),
+                    _ => return,
+                }
+            }
+            "PATCH" => {
+                let p = &self.patch;
+                match resource {
+                    "drives" => (&p.drive_count, Some(&p.drive_fails)),
+                    "machine-config" => (&p.machine_cfg_count, Some(&p.machine_cfg_fails)),
+                    "mmds" => (&p.mmds_count, Some(&p.mmds_fails)),
+                    "network-interfaces" => (&p.network_count, Some(&p.network_fails)),
+                    "vm" => (&p.vm_count, Some(&p.vm_fails)),
+                    _ => return,
+                }
+            }
+            _ => return,
+        };
+        count.inc();
+        if let (true, Some(fails)) = (failed, fails) {
+            fails.inc();
+        }
+    }
+}
+
+/// Every metric of one ember process.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub api: ApiMetrics,
+    pub vcpu: VcpuMetrics,
+    blocks: Mutex<Vec<(String, Arc<BlockMetrics>)>>,
+    nets: Mutex<Vec<(String, Arc<NetMetrics>)>>,
+    /// Metric lines the destination could not take.
+    pub missed_lines: Counter,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The counters registered under `id`, made on first use (a retried build reuses them).
+fn entry<T: Default>(list: &Mutex<Vec<(String, Arc<T>)>>, id: &str) -> Arc<T> {
+    let mut list = lock(list);
+    if let Some((_, m)) = list.iter().find(|(name, _)| name == id) {
+        return m.clone();
+    }
+    let m = Arc::new(T::default());
+    list.push((id.to_string(), m.clone()));
+    m
+}
+
+fn object(fields: &[(&'static str, u64)]) -> Value {
+    Value::Object(
+        fields
+            .iter()
+            .map(|&(k, v)| (k.to_string(), Value::from(v)))
+            .collect(),
+    )
+}
+
+/// Per-device sections and their sum under `kind`.
+fn devices<T: Default>(
+    out: &mut Map<String, Value>,
+    kind: &str,
+    list: &Mutex<Vec<(String, Arc<T>)>>,
+    take: fn(&T) -> Vec<(&'static str, u64)>,
+) {
+    let list = lock(list);
+    let mut sum: Vec<(&'static str, u64)> = Vec::new();
+    for (id, m) in list.iter() {
+        let fields = take(m);
+        if sum.is_empty() {
+            sum = fields.iter().map(|&(k, _)| (k, 0)).collect();
+        }
+        for (total, &(_, v)) in sum.iter_mut().zip(&fields) {
+            total.1 = total.1.saturating_add(v);
+        }
+        out.insert(format!("{kind}_{id}"), object(&fields));
+    }
+    if sum.is_empty() {
+        // No device of this kind: the section still lists its fields, at zero.
+        sum = take(&T::default());
+    }
+    out.insert(kind.to_string(), object(&sum));
+}
+
+impl Metrics {
+    pub fn block(&self, id: &str) -> Arc<BlockMetrics> {
+        entry(&self.blocks, id)
+    }
+
+    pub fn net(&self, id: &str) -> Arc<NetMetrics> {
+        entry(&self.nets, id)
+    }
+
+    /// One JSON line (with its newline) of everything that changed since the last one.
+    pub fn line(&self) -> String {
+        let mut out = Map::new();
+        out.insert(
+            "utc_timestamp_ms".into(),
+            Value::from(crate::time::utc_ms()),
+        );
+        let api = &self.api;
+        let server = [
+            ("request_count", api.request_count.take()),
+            ("request_fails", api.request_fails.take()),
+            ("request_latency_us_total", api.latency_us_total.take()),
+            ("request_latency_us_max", api.latency_us_max.take()),
+            ("missed_metrics_lines", self.missed_lines.take()),
+        ];
+        out.insert("api_server".into(), object(&server));
+        out.insert("get_api_requests".into(), object(&api.get.take()));
+        out.insert("put_api_requests".into(), object(&api.put.take()));
+        out.insert("patch_api_requests".into(), object(&api.patch.take()));
+        devices(&mut out, "block", &self.blocks, BlockMetrics::take);
+        devices(&mut out, "net", &self.nets, NetMetrics::take);
+        out.insert("vcpu".into(), object(&self.vcpu.take()));
+        let mut line = Value::Object(out).to_string();
+        line.push('\n');
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_reports_each_device_and_their_sum_since_the_last_line() {
+        let m = Metrics::default();
+        let a = m.block("rootfs");
+        let b = m.block("data");
+        assert!(Arc::ptr_eq(&a, &m.block("rootfs")));
+        a.read_bytes.add(4096);
+        b.read_bytes.add(512);
+        m.net("eth0").tx_bytes_count.add(60);
+        m.api.record("PUT", "drives", true, 30);
+        m.api.record("GET", "", false, 10);
+        let v: Value = serde_json::from_str(&m.line()).unwrap();
+        assert_eq!(v["block_rootfs"]["read_bytes"], 4096);
+        assert_eq!(v["block_data"]["read_bytes"], 512);
+        assert_eq!(v["block"]["read_bytes"], 4608);
+        assert_eq!(v["net_eth0"]["tx_bytes_count"], 60);
+        assert_eq!(v["net"]["tx_bytes_count"], 60);
+        assert_eq!(v["put_api_requests"]["drive_count"], 1);
+        assert_eq!(v["put_api_requests"]["drive_fails"], 1);
+        assert_eq!(v["get_api_requests"]["instance_info_count"], 1);
+        assert_eq!(v["api_server"]["request_count"], 2);
+        assert_eq!(v["api_server"]["request_latency_us_total"], 40);
+        assert_eq!(v["api_server"]["request_latency_us_max"], 30);
+        assert!(v["utc_timestamp_ms"].as_u64().unwrap() > 1_700_000_000_000);
+
+        let again: Value = serde_json::from_str(&m.line()).unwrap();
+        assert_eq!(again["block"]["read_bytes"], 0);
+        assert_eq!(again["block_rootfs"]["read_bytes"], 0);
+        assert_eq!(again["api_server"]["request_count"], 0);
+    }
+
+    #[test]
+    fn sections_exist_without_devices() {
+        let v: Value = serde_json::from_str(&Metrics::default().line()).unwrap();
+        assert_eq!(v["block"]["read_bytes"], 0);
+        assert_eq!(v["net"]["rx_bytes_count"], 0);
+        assert_eq!(v["vcpu"]["exit_mmio_write"], 0);
+    }
+}
