@@ -6,14 +6,14 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::api::{Client, Ember};
 use common::linux::*;
-use common::netns::{Capture, NetNs};
+use common::netns::{accept, Capture, NetNs};
 use common::*;
 use guest_agent::{pattern_checksum, Checksum, Pattern};
 use serde_json::json;
@@ -62,27 +62,6 @@ fn start_linux(
             .expect(204, "");
     }
     (ember, c)
-}
-
-fn accept(listener: &TcpListener, deadline: Duration) -> TcpStream {
-    listener.set_nonblocking(true).unwrap();
-    let started = Instant::now();
-    loop {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                stream.set_nonblocking(false).unwrap();
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(120)))
-                    .unwrap();
-                return stream;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                assert!(started.elapsed() < deadline, "the guest never connected");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    }
 }
 
 /// A host-side peer that reads one connection to its end: (bytes, checksum).

@@ -1,9 +1,11 @@
 //! `ember-agent dio`: direct I/O (O_DIRECT) on a block device, so that every read or write
 //! is one request to the device, timed in the guest.
 //!
-//!   ember-agent dio read|write|randread DEV BS COUNT
+//!   ember-agent dio read|write|randread|randwrite DEV BS COUNT [SKIP]
 //!
-//! prints `dio MODE bytes B ops N us T rate_bps R`.
+//! prints `dio MODE bytes B ops N us T rate_bps R`, where the time, the count and the rate
+//! are those of the requests after the first SKIP (which spend a rate limiter's initial
+//! tokens: timing them in the same process leaves no gap for the bucket to refill).
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -36,15 +38,19 @@ impl Aligned {
     }
 }
 
-pub fn run(mode: &str, dev: &str, bs: &str, count: &str) -> Result<String> {
-    let (bs, count) = (number(bs)? as usize, number(count)?);
+pub fn run(mode: &str, dev: &str, bs: &str, count: &str, skip: &str) -> Result<String> {
+    let (bs, count, skip) = (number(bs)? as usize, number(count)?, number(skip)?);
     if bs == 0 || bs % 512 != 0 {
         return Err(format!("BS {bs} must be a non-zero multiple of 512"));
     }
     let write = match mode {
         "read" | "randread" => false,
-        "write" => true,
-        _ => return Err(format!("unknown mode {mode}; use read, write or randread")),
+        "write" | "randwrite" => true,
+        _ => {
+            return Err(format!(
+                "unknown mode {mode}; use read, write, randread or randwrite"
+            ))
+        }
     };
     let file = OpenOptions::new()
         .read(true)
@@ -61,10 +67,13 @@ pub fn run(mode: &str, dev: &str, bs: &str, count: &str) -> Result<String> {
     }
     let mut buf = Aligned::new(bs);
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let started = Instant::now();
-    for i in 0..count {
+    let mut started = Instant::now();
+    for i in 0..skip + count {
+        if i == skip {
+            started = Instant::now();
+        }
         let block = match mode {
-            "randread" => {
+            "randread" | "randwrite" => {
                 // xorshift: a different block each time, spread over the whole device.
                 state ^= state << 13;
                 state ^= state >> 7;

@@ -13,9 +13,10 @@
 //!                                           one HTTP request to IP:80; prints the status and
 //!                                           the body on one line. `pad:N` sends a header of
 //!                                           N bytes.
-//!   ember-agent dio read|write|randread DEV BS COUNT
-//!                                           COUNT direct-I/O requests of BS bytes; prints
-//!                                           bytes, requests, µs and bytes per second
+//!   ember-agent dio read|write|randread|randwrite DEV BS COUNT [SKIP]
+//!                                           SKIP then COUNT direct-I/O requests of BS
+//!                                           bytes; prints bytes, requests, µs and bytes
+//!                                           per second of the last COUNT
 
 mod dio;
 mod raw;
@@ -36,7 +37,8 @@ fn main() {
         ["recv", host, port, skip] => recv(host, port, skip),
         ["connect-many", ip, port, n] => connect_many(ip, port, n),
         ["raw-tcp", ip, port] => raw::flood(ip, port),
-        ["dio", mode, dev, bs, count] => dio::run(mode, dev, bs, count),
+        ["dio", mode, dev, bs, count] => dio::run(mode, dev, bs, count, "0"),
+        ["dio", mode, dev, bs, count, skip] => dio::run(mode, dev, bs, count, skip),
         ["http-latency", ip, path, n] => http_latency(ip, path, n),
         ["http", ip, method, path, ref headers @ ..] => http(ip, method, path, headers),
         _ => Err("usage: see the comment at the top of src/guest-agent/src/main.rs".into()),

@@ -338,17 +338,13 @@ impl Ember {
 
     /// CPU time (user + system) ember has used, in milliseconds.
     pub fn cpu_ms(&self) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap()
-            .split_whitespace()
-            .collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        // SAFETY: sysconf reads a constant of the system; no memory is involved.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-        ticks * 1000 / hz
+        cpu_ms_of(&format!("/proc/{}/stat", self.child.id()))
+    }
+
+    /// CPU time of ember's VMM thread (the main thread: the event loop and the devices).
+    pub fn vmm_thread_cpu_ms(&self) -> u64 {
+        let pid = self.child.id();
+        cpu_ms_of(&format!("/proc/{pid}/task/{pid}/stat"))
     }
 
     /// ember's resident memory in KiB.
@@ -360,6 +356,21 @@ impl Ember {
             .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
             .unwrap()
     }
+}
+
+/// User + system time, in milliseconds, from a `/proc/.../stat` file.
+fn cpu_ms_of(stat: &str) -> u64 {
+    let stat = std::fs::read_to_string(stat).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system; no memory is involved.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    ticks * 1000 / hz
 }
 
 impl Drop for Ember {

@@ -2,9 +2,11 @@
 //! namespace the test creates and removes, so no traffic reaches any other network. Host-side
 //! peers run on threads that joined the namespace.
 
+use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use super::skip;
 
@@ -178,5 +180,27 @@ impl Capture {
         }
         buf.truncate((n as usize).min(128));
         Some(buf)
+    }
+}
+
+/// The first connection to `listener` within `deadline`, with a 120 s read timeout.
+pub fn accept(listener: &TcpListener, deadline: Duration) -> TcpStream {
+    listener.set_nonblocking(true).unwrap();
+    let started = Instant::now();
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream.set_nonblocking(false).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(120)))
+                    .unwrap();
+                return stream;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(started.elapsed() < deadline, "the guest never connected");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
     }
 }
