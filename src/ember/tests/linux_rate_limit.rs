@@ -4,7 +4,7 @@
 //! metrics' byte counts against the guest's own.
 //!
 //! A bucket starts full (Firecracker's model), so each steady-rate measurement comes after
-//! the guest has spent the bucket's first `size` tokens.
+//! the guest has emptied it.
 
 mod common;
 
@@ -115,25 +115,27 @@ fn linux_drive_limits_give_the_configured_bandwidth_burst_and_ops() {
     let metrics_arg = metrics.to_string_lossy().into_owned();
     let mut ember = Ember::start(&s, &["--metrics-path", &metrics_arg]);
     let mut c = ember.client();
-    // Each steady measurement skips (in the same process, so that no pause lets the bucket
-    // refill) the requests that spend the bucket's initial tokens.
+    // Each steady measurement first skips (in the same process, so that no pause lets the
+    // bucket refill) twice the bucket's size: its initial tokens, then what refilled while
+    // those went at full speed. After that the bucket is empty and the rate is its own.
     let n = |bytes: u64| bytes / BS;
     let cmd = format!(
         "A=ember-agent; echo idle-start; sleep 6; echo idle-end; \
          echo bw-start; $A dio read /dev/vdb {BS} {} {}; \
          $A dio read /dev/vdc {BS} {}; $A dio read /dev/vdc {BS} {} {}; \
-         $A dio randread /dev/vdd 4096 {} {O}; \
+         $A dio randread /dev/vdd 4096 {} {}; \
          echo patch-me; sleep 3; $A dio read /dev/vdb {BS} {} {}; \
          for d in vdb vdc vdd; do echo stat-$d $(cat /sys/block/$d/stat); done; \
          echo metrics-ready; sleep 5",
         n(10 * B),
-        n(B),
+        n(2 * B),
         n(X),
         n(8 * B),
-        n(B),
+        n(2 * B),
         10 * O,
+        2 * O,
         n(10 * B2),
-        n(B2),
+        n(2 * B2),
     );
     c.put(
         "/machine-config",

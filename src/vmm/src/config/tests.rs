@@ -271,3 +271,38 @@ fn network_interfaces_and_mmds_config_are_checked() {
     let e = mmds(r#"{"version": "V2"}"#);
     assert!(e.contains("missing field `network_interfaces`"), "{e}");
 }
+
+#[test]
+fn rate_limiters_logger_and_metrics_in_a_config_file() {
+    let kernel = temp_file("kernel-limits");
+    let disk = temp_file("disk-limits");
+    let with = |limiter: &str, extra: &str| {
+        format!(
+            r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}, {extra}
+                "drives": [{{"drive_id": "d", "path_on_host": "{disk}", "is_root_device": true,
+                             "rate_limiter": {limiter}}}]}}"#
+        )
+    };
+    let good = with(
+        r#"{"bandwidth": {"size": 1000, "one_time_burst": 50, "refill_time": 100}}"#,
+        r#""logger": {"level": "Info", "show_level": true}, "metrics": {"metrics_path": "/tmp/m"},"#,
+    );
+    let res = VmResources::from_json(&good).unwrap();
+    let limiter = res.drives()[0].rate_limiter.unwrap();
+    assert_eq!(limiter.bandwidth.unwrap().one_time_burst, Some(50));
+    assert_eq!(res.logger.unwrap().show_level, Some(true));
+    assert_eq!(res.metrics.unwrap().metrics_path, "/tmp/m");
+    // The same sentences as the API's.
+    assert!(
+        error_of(&with(r#"{"ops": {"size": 3, "refill_time": 0}}"#, ""))
+            .contains("the ops bucket has size 3 but refill_time 0")
+    );
+    assert!(
+        error_of(&with(r#"{"ops": {"size": -3, "refill_time": 10}}"#, ""))
+            .contains("drives[0].rate_limiter.ops.size: invalid value: integer `-3`, expected u64"),
+    );
+    assert!(error_of(&with(r#"{"bandwidth": {"refill_time": 10}}"#, ""))
+        .contains("missing field `size`"));
+    assert!(error_of(&with("{}", r#""logger": {"level": "loud"},"#))
+        .contains("logger.level: unknown log level \"loud\""));
+}
