@@ -5,17 +5,15 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use common::api::{Client, Ember};
 use common::linux::*;
-use common::netns::{accept, Capture, NetNs};
+use common::netns::{sink, source, Capture, NetNs, Received};
 use common::*;
-use guest_agent::{pattern_checksum, Checksum, Pattern};
+use guest_agent::pattern_checksum;
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
@@ -64,55 +62,6 @@ fn start_linux(
     (ember, c)
 }
 
-/// A host-side peer that reads one connection to its end: (bytes, checksum).
-fn sink(ns: &NetNs, addr: &str) -> std::thread::JoinHandle<(u64, u64)> {
-    let addr = addr.to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let peer = ns.spawn(move || {
-        let listener = TcpListener::bind(&addr).unwrap();
-        tx.send(()).unwrap();
-        let mut stream = accept(&listener, LINUX_DEADLINE);
-        let mut sum = Checksum::default();
-        let mut buf = vec![0u8; 1 << 18];
-        let mut total = 0u64;
-        loop {
-            let n = stream.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            sum.update(&buf[..n]);
-            total += n as u64;
-        }
-        // The guest waits for this close to know the data arrived.
-        drop(stream);
-        (total, sum.value())
-    });
-    rx.recv().unwrap();
-    peer
-}
-
-/// A host-side peer that sends `len` bytes of the pattern from `seed` to one connection.
-fn source(ns: &NetNs, addr: &str, len: u64, seed: u64) -> std::thread::JoinHandle<()> {
-    let addr = addr.to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let peer = ns.spawn(move || {
-        let listener = TcpListener::bind(&addr).unwrap();
-        tx.send(()).unwrap();
-        let mut stream = accept(&listener, LINUX_DEADLINE);
-        let mut pattern = Pattern::new(seed);
-        let mut buf = vec![0u8; 1 << 18];
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            pattern.fill(&mut buf[..n]);
-            stream.write_all(&buf[..n]).unwrap();
-            left -= n as u64;
-        }
-    });
-    rx.recv().unwrap();
-    peer
-}
-
 /// The value after `key ` in the agent line that starts with `prefix`.
 fn agent_field(lines: &[String], prefix: &str, key: &str) -> String {
     let line = lines
@@ -135,9 +84,9 @@ fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
     ns.add_tap("tap0", Some("10.50.1.1/24"), mtu);
     ns.add_tap("tap1", Some("10.50.2.1/24"), mtu);
     let big = 100 * MIB;
-    let sink0 = sink(&ns, "10.50.1.1:5001");
+    let sink0 = sink(&ns, "10.50.1.1:5001", 0);
     let source0 = source(&ns, "10.50.1.1:5002", big, 2);
-    let sink1 = sink(&ns, "10.50.2.1:5003");
+    let sink1 = sink(&ns, "10.50.2.1:5003", 0);
     let source1 = source(&ns, "10.50.2.1:5004", MIB, 4);
     let cmd = format!(
         "ip addr add 10.50.1.2/24 dev eth0; ip addr add 10.50.2.2/24 dev eth1; \
@@ -185,7 +134,11 @@ fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
         (sink0, big, 1, format!("ember-agent: sent {big} ")),
         (sink1, MIB, 3, format!("ember-agent: sent {MIB} ")),
     ] {
-        let (got, sum) = peer.join().unwrap();
+        let Received {
+            bytes: got,
+            checksum: sum,
+            ..
+        } = peer.join().unwrap();
         let expected = pattern_checksum(seed, len);
         assert_eq!(got, len);
         assert_eq!(sum, expected, "guest to host, {len} bytes");

@@ -8,13 +8,11 @@
 
 mod common;
 
-use std::io::Read;
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use common::api::{Client, Ember};
 use common::linux::*;
-use common::netns::{accept, NetNs};
+use common::netns::{sink, source, NetNs};
 use common::*;
 use serde_json::{json, Value};
 
@@ -45,6 +43,23 @@ fn within(measured: u64, configured: u64, tolerance: f64) -> bool {
     (1.0 - tolerance..=1.0 + tolerance).contains(&ratio)
 }
 
+/// Once the guest says `metrics-ready`: FlushMetrics, then the metrics lines written so
+/// far and, after the guest has ended, its command's lines.
+fn flush_and_finish(
+    ember: &mut Ember,
+    c: &mut Client,
+    metrics: &std::path::Path,
+) -> (Vec<Value>, Vec<String>) {
+    ember.wait_for("\nmetrics-ready", LINUX_DEADLINE);
+    c.put("/actions", &json!({"action_type": "FlushMetrics"}))
+        .expect(204, "");
+    let flushed = metrics_lines(metrics);
+    ember.wait_clean_exit(LINUX_DEADLINE);
+    let lines = command_lines(&ember.stdout());
+    eprintln!("{lines:#?}");
+    (flushed, lines)
+}
+
 /// Every metrics line written so far, parsed.
 fn metrics_lines(path: &std::path::Path) -> Vec<Value> {
     std::fs::read_to_string(path)
@@ -73,12 +88,19 @@ fn cpu_percent(ember: &Ember, window: Duration) -> (f64, f64) {
     )
 }
 
-fn boot_args(img: &Images, cmd: &str) -> Value {
-    json!({"kernel_image_path": img.file("vmlinux"),
-           "boot_args": format!("{BASE_ARGS} ember_cmd=\"{cmd}\"")})
-}
-
-fn root_drive(c: &mut Client, img: &Images) {
+/// Machine, boot source (with `cmd` for the guest's init) and the read-only root drive.
+fn configure(c: &mut Client, img: &Images, vcpus: u8, mib: u32, cmd: &str) {
+    c.put(
+        "/machine-config",
+        &json!({"vcpu_count": vcpus, "mem_size_mib": mib}),
+    )
+    .expect(204, "");
+    c.put(
+        "/boot-source",
+        &json!({"kernel_image_path": img.file("vmlinux"),
+                "boot_args": format!("{BASE_ARGS} ember_cmd=\"{cmd}\"")}),
+    )
+    .expect(204, "");
     c.put(
         "/drives/rootfs",
         &json!({"drive_id": "rootfs", "path_on_host": img.file("rootfs.ext4"),
@@ -137,14 +159,7 @@ fn linux_drive_limits_give_the_configured_bandwidth_burst_and_ops() {
         n(10 * B2),
         n(2 * B2),
     );
-    c.put(
-        "/machine-config",
-        &json!({"vcpu_count": 2, "mem_size_mib": 256}),
-    )
-    .expect(204, "");
-    c.put("/boot-source", &boot_args(&img, &cmd))
-        .expect(204, "");
-    root_drive(&mut c, &img);
+    configure(&mut c, &img, 2, 256, &cmd);
     for (id, limiter) in [
         ("bw", bandwidth(B, 0)),
         ("burst", bandwidth(B, X)),
@@ -179,13 +194,7 @@ fn linux_drive_limits_give_the_configured_bandwidth_burst_and_ops() {
         &json!({"drive_id": "bw", "rate_limiter": bandwidth(B2, 0)}),
     )
     .expect(204, "");
-    ember.wait_for("\nmetrics-ready", LINUX_DEADLINE);
-    c.put("/actions", &json!({"action_type": "FlushMetrics"}))
-        .expect(204, "");
-    let flushed = metrics_lines(&metrics);
-    ember.wait_clean_exit(LINUX_DEADLINE);
-    let lines = command_lines(&ember.stdout());
-    eprintln!("{lines:#?}");
+    let (flushed, lines) = flush_and_finish(&mut ember, &mut c, &metrics);
     eprintln!(
         "CPU, % of a core (ember, its VMM thread): guest idle {idle:.1?}, guest held to {B} B/s {throttled:.1?}"
     );
@@ -250,55 +259,6 @@ fn mtu() -> u32 {
     }
 }
 
-/// A host-side peer that reads one connection to its end and measures the rate of what came
-/// after the first `skip` bytes: (bytes, bytes per second).
-fn timed_sink(ns: &NetNs, addr: &str, skip: u64) -> std::thread::JoinHandle<(u64, u64)> {
-    let addr = addr.to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let peer = ns.spawn(move || {
-        let listener = TcpListener::bind(&addr).unwrap();
-        tx.send(()).unwrap();
-        let mut stream = accept(&listener, LINUX_DEADLINE);
-        let mut buf = vec![0u8; 1 << 18];
-        let (mut total, mut mark) = (0u64, None);
-        loop {
-            let n = stream.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            total += n as u64;
-            if mark.is_none() && total >= skip {
-                mark = Some((Instant::now(), total));
-            }
-        }
-        let (at, base) = mark.unwrap();
-        let rate = (total - base) as f64 / at.elapsed().as_secs_f64();
-        (total, rate as u64)
-    });
-    rx.recv().unwrap();
-    peer
-}
-
-/// A host-side peer that sends `len` bytes to one connection.
-fn source(ns: &NetNs, addr: &str, len: u64) -> std::thread::JoinHandle<()> {
-    let addr = addr.to_string();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let peer = ns.spawn(move || {
-        let listener = TcpListener::bind(&addr).unwrap();
-        tx.send(()).unwrap();
-        let mut stream = accept(&listener, LINUX_DEADLINE);
-        let buf = vec![0x5au8; 1 << 16];
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            std::io::Write::write_all(&mut stream, &buf[..n]).unwrap();
-            left -= n as u64;
-        }
-    });
-    rx.recv().unwrap();
-    peer
-}
-
 /// TX and RX bandwidth of the interface, then TX lowered by a PATCH.
 const NET_TX: u64 = MIB;
 const NET_RX: u64 = MIB;
@@ -319,25 +279,20 @@ fn linux_network_limits_give_the_configured_tcp_rates_both_ways() {
     let metrics_arg = metrics.to_string_lossy().into_owned();
     let mut ember = Ember::start_in(&s, &["--metrics-path", &metrics_arg], Some(&ns.name));
     let mut c = ember.client();
-    let (tx_len, rx_len, tx2_len) = (11 * NET_TX, 11 * NET_RX, 6 * NET_TX2);
-    let tx_sink = timed_sink(&ns, "10.60.0.1:5001", NET_TX);
-    let rx_source = source(&ns, "10.60.0.1:5002", rx_len);
-    let tx2_sink = timed_sink(&ns, "10.60.0.1:5003", NET_TX2);
+    let (tx_len, rx_len, tx2_len) = (12 * NET_TX, 12 * NET_RX, 7 * NET_TX2);
+    // Each steady rate after twice the bucket's size, as for the drives.
+    let tx_sink = sink(&ns, "10.60.0.1:5001", 2 * NET_TX);
+    let rx_source = source(&ns, "10.60.0.1:5002", rx_len, 2);
+    let tx2_sink = sink(&ns, "10.60.0.1:5003", 2 * NET_TX2);
     let cmd = format!(
         "ip addr add 10.60.0.2/24 dev eth0; ip link set eth0 up; \
-         ember-agent send 10.60.0.1 5001 {tx_len} 1; ember-agent recv 10.60.0.1 5002 {NET_RX}; \
+         ember-agent send 10.60.0.1 5001 {tx_len} 1; ember-agent recv 10.60.0.1 5002 {}; \
          echo patch-me; sleep 3; ember-agent send 10.60.0.1 5003 {tx2_len} 2; \
          cd /sys/class/net/eth0/statistics; echo net-stat tx_bytes $(cat tx_bytes) rx_bytes $(cat rx_bytes); \
-         echo metrics-ready; sleep 5"
+         echo metrics-ready; sleep 5",
+        2 * NET_RX
     );
-    c.put(
-        "/machine-config",
-        &json!({"vcpu_count": 2, "mem_size_mib": 256}),
-    )
-    .expect(204, "");
-    c.put("/boot-source", &boot_args(&img, &cmd))
-        .expect(204, "");
-    root_drive(&mut c, &img);
+    configure(&mut c, &img, 2, 256, &cmd);
     let limit = |b: u64| json!({"bandwidth": {"size": b, "refill_time": 1000}});
     c.put(
         "/network-interfaces/eth0",
@@ -358,19 +313,14 @@ fn linux_network_limits_give_the_configured_tcp_rates_both_ways() {
         &json!({"iface_id": "eth0", "rx_rate_limiter": {"bandwidth": {"size": 5, "refill_time": 0}}}),
     )
     .expect(400, "the bandwidth bucket has size 5 but refill_time 0");
-    ember.wait_for("\nmetrics-ready", LINUX_DEADLINE);
-    c.put("/actions", &json!({"action_type": "FlushMetrics"}))
-        .expect(204, "");
-    let flushed = metrics_lines(&metrics);
-    ember.wait_clean_exit(LINUX_DEADLINE);
-    let lines = command_lines(&ember.stdout());
-    eprintln!("{lines:#?}");
+    let (flushed, lines) = flush_and_finish(&mut ember, &mut c, &metrics);
 
-    let (got, tx_rate) = tx_sink.join().unwrap();
-    assert_eq!(got, tx_len);
+    let tx = tx_sink.join().unwrap();
+    assert_eq!(tx.bytes, tx_len);
     rx_source.join().unwrap();
-    let (got2, tx2_rate) = tx2_sink.join().unwrap();
-    assert_eq!(got2, tx2_len);
+    let tx2 = tx2_sink.join().unwrap();
+    assert_eq!(tx2.bytes, tx2_len);
+    let (tx_rate, tx2_rate) = (tx.rate, tx2.rate);
     let rx_line = lines
         .iter()
         .find(|l| l.starts_with("ember-agent: received "))
@@ -424,14 +374,7 @@ fn linux_sees_a_resized_and_a_replaced_disk_without_a_reboot() {
          echo rescan-me; until [ {size} -gt 16384 ]; do sleep 0.2; done; echo size2 {size}; \
          echo replace-me; until [ {size} -eq 8192 ]; do sleep 0.2; done; echo size3 {size} head3 {head}"
     );
-    c.put(
-        "/machine-config",
-        &json!({"vcpu_count": 1, "mem_size_mib": 128}),
-    )
-    .expect(204, "");
-    c.put("/boot-source", &boot_args(&img, &cmd))
-        .expect(204, "");
-    root_drive(&mut c, &img);
+    configure(&mut c, &img, 1, 128, &cmd);
     c.put(
         "/drives/data",
         &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false}),

@@ -2,6 +2,7 @@
 //! namespace the test creates and removes, so no traffic reaches any other network. Host-side
 //! peers run on threads that joined the namespace.
 
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::Command;
@@ -203,4 +204,76 @@ pub fn accept(listener: &TcpListener, deadline: Duration) -> TcpStream {
             Err(e) => panic!("accept: {e}"),
         }
     }
+}
+
+/// What a host-side [`sink`] read from its connection.
+#[derive(Debug)]
+pub struct Received {
+    pub bytes: u64,
+    pub checksum: u64,
+    /// Bytes per second of what came after the first `skip` bytes, to the end.
+    pub rate: u64,
+}
+
+/// A host-side peer in `ns`: listens on `addr` (before this returns), takes the first
+/// connection and hands it to `serve` on its own thread.
+fn peer<T: Send + 'static>(
+    ns: &NetNs,
+    addr: &str,
+    serve: impl FnOnce(TcpStream) -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let addr = addr.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let thread = ns.spawn(move || {
+        let listener = TcpListener::bind(&addr).unwrap();
+        tx.send(()).unwrap();
+        serve(accept(&listener, super::linux::LINUX_DEADLINE))
+    });
+    rx.recv().unwrap();
+    thread
+}
+
+/// A peer that reads one connection to its end.
+pub fn sink(ns: &NetNs, addr: &str, skip: u64) -> std::thread::JoinHandle<Received> {
+    peer(ns, addr, move |mut stream| {
+        let mut sum = guest_agent::Checksum::default();
+        let mut buf = vec![0u8; 1 << 18];
+        let (mut total, mut mark) = (0u64, None);
+        loop {
+            let n = stream.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            sum.update(&buf[..n]);
+            total += n as u64;
+            if mark.is_none() && total >= skip {
+                mark = Some((Instant::now(), total));
+            }
+        }
+        // The guest waits for this close to know the data arrived.
+        drop(stream);
+        let rate = mark.map_or(0, |(at, base)| {
+            ((total - base) as f64 / at.elapsed().as_secs_f64()) as u64
+        });
+        Received {
+            bytes: total,
+            checksum: sum.value(),
+            rate,
+        }
+    })
+}
+
+/// A peer that sends `len` bytes of the guest agent's pattern from `seed` to one connection.
+pub fn source(ns: &NetNs, addr: &str, len: u64, seed: u64) -> std::thread::JoinHandle<()> {
+    peer(ns, addr, move |mut stream| {
+        let mut pattern = guest_agent::Pattern::new(seed);
+        let mut buf = vec![0u8; 1 << 18];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            pattern.fill(&mut buf[..n]);
+            stream.write_all(&buf[..n]).unwrap();
+            left -= n as u64;
+        }
+    })
 }

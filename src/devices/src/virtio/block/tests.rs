@@ -99,16 +99,7 @@ fn serve(mem: &GuestMemory, dev: &mut Block, descs: &[RawDescriptor]) -> Vec<(u3
     let queue: Queue = mq.create_queue().unwrap();
     let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     dev.activate(mem.clone(), vec![queue], irq.clone()).unwrap();
-    let used_idx: u16 = mem.read_obj(GuestAddress(mq.used_addr().0 + 2)).unwrap();
-    (0..used_idx)
-        .map(|i| {
-            let at = mq.used_addr().0 + 4 + 8 * u64::from(i);
-            (
-                mem.read_obj(GuestAddress(at)).unwrap(),
-                mem.read_obj(GuestAddress(at + 4)).unwrap(),
-            )
-        })
-        .collect()
+    used(mem, &mq)
 }
 
 fn status(mem: &GuestMemory) -> u32 {
