@@ -319,9 +319,14 @@ fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
         .expect(204, "");
     c.patch(
         "/network-interfaces/eth0",
-        &json!({"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 10, "refill_time": 100}}}),
+        &json!({"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 0, "refill_time": 100}}}),
     )
-    .expect(400, "rate limiters are not available");
+    .expect(204, "");
+    c.patch(
+        "/network-interfaces/eth0",
+        &json!({"iface_id": "eth0", "tx_rate_limiter": {"ops": {"size": 10, "refill_time": 0}}}),
+    )
+    .expect(400, "refill_time");
     c.patch("/network-interfaces/eth7", &json!({"iface_id": "eth7"}))
         .expect(400, "there is no network interface with iface_id eth7");
     c.put(
