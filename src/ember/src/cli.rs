@@ -22,6 +22,12 @@ Options:
   --show-log-origin     Put each line's source file and line in the log
   --module <PATH>       Log only lines from modules under this path (e.g. vmm::controller)
   --metrics-path <PATH> Write metrics (JSON lines) to this file or named pipe
+  --no-seccomp          Run without seccomp filters (not for production)
+  --seccomp-filter <PATH>
+                        Use this seccomp filter file (seccompiler JSON with the keys vmm, api,
+                        vcpu) instead of Ember's own
+  --start-time-us <US>, --start-time-cpu-us <US>, --parent-cpu-time-us <US>
+                        Set by the jailer: when it started (CLOCK_MONOTONIC) and its CPU time
   --version             Print the version and exit
   --help                Print this help and exit
 
@@ -50,6 +56,17 @@ pub struct Args {
     pub show_log_origin: bool,
     pub module: Option<String>,
     pub metrics_path: Option<String>,
+    pub seccomp: Seccomp,
+    /// The jailer's start (CLOCK_MONOTONIC, µs), to log how long the start took.
+    pub start_time_us: Option<u64>,
+}
+
+/// Which seccomp filters the threads install.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seccomp {
+    Builtin,
+    Disabled,
+    File(String),
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -79,6 +96,10 @@ pub enum Error {
     MaxPayload { value: String, max: usize },
     #[error("--mmds-size-limit must be a number of bytes from 1 to {max}, not {value:?}")]
     MmdsSizeLimit { value: String, max: usize },
+    #[error("--no-seccomp and --seccomp-filter cannot be used together")]
+    SeccompBoth,
+    #[error("{flag} must be a number of microseconds, not {value:?}")]
+    Micros { flag: String, value: String },
 }
 
 impl Args {
@@ -124,6 +145,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         show_log_origin: false,
         module: None,
         metrics_path: None,
+        seccomp: Seccomp::Builtin,
+        start_time_us: None,
     };
     let mut seen: Vec<String> = Vec::new();
     while let Some(arg) = args.next() {
@@ -147,6 +170,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
                 | "--http-api-max-payload-size"
                 | "--mmds-size-limit"
                 | "--metadata"
+                | "--seccomp-filter"
+                | "--start-time-us"
+                | "--start-time-cpu-us"
+                | "--parent-cpu-time-us"
         );
         let value = if takes_value {
             match inline {
@@ -198,6 +225,24 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
             "--show-log-origin" => out.show_log_origin = true,
             "--module" => out.module = Some(value),
             "--metrics-path" => out.metrics_path = Some(value),
+            "--no-seccomp" | "--seccomp-filter" => {
+                if out.seccomp != Seccomp::Builtin {
+                    return Err(Error::SeccompBoth);
+                }
+                out.seccomp = match name.as_str() {
+                    "--no-seccomp" => Seccomp::Disabled,
+                    _ => Seccomp::File(value),
+                };
+            }
+            "--start-time-us" | "--start-time-cpu-us" | "--parent-cpu-time-us" => {
+                let us = value.parse::<u64>().map_err(|_| Error::Micros {
+                    flag: name.clone(),
+                    value,
+                })?;
+                if name == "--start-time-us" {
+                    out.start_time_us = Some(us);
+                }
+            }
             _ => return Err(Error::Unknown(arg)),
         }
     }
@@ -241,6 +286,19 @@ mod tests {
         assert_eq!(a.level, log::LevelFilter::Debug);
         assert_eq!(a.id, "vm-1");
         assert!(a.no_api);
+        assert_eq!(a.seccomp, Seccomp::Builtin);
+        let Command::Run(a) = args(&[
+            "--id=t1",
+            "--start-time-us=12",
+            "--start-time-cpu-us=3",
+            "--seccomp-filter",
+            "f.json",
+        ])
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.start_time_us, Some(12));
+        assert_eq!(a.seccomp, Seccomp::File("f.json".into()));
     }
 
     #[test]
@@ -261,6 +319,14 @@ mod tests {
             Err(Error::Duplicate("--no-api".into()))
         );
         assert_eq!(args(&["--help", "--bogus"]), Ok(Command::Help));
+        assert_eq!(
+            args(&["--no-seccomp", "--seccomp-filter", "f.json"]),
+            Err(Error::SeccompBoth)
+        );
+        assert!(matches!(
+            args(&["--start-time-us", "soon"]),
+            Err(Error::Micros { .. })
+        ));
         for bad in ["0", "-1", "lots", "99999999999999999999"] {
             assert!(matches!(
                 args(&["--http-api-max-payload-size", bad]),

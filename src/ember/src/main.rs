@@ -52,6 +52,8 @@ enum StartError {
     Signals(#[source] std::io::Error),
     #[error("cannot copy the standard streams: {0}")]
     Stdio(#[source] std::io::Error),
+    #[error("{0}")]
+    Seccomp(#[from] seccomp::Error),
 }
 
 /// The API socket's file, removed when ember exits normally.
@@ -63,21 +65,44 @@ impl Drop for SocketFile {
     }
 }
 
-/// Binds the socket and starts the API thread; returns the VMM thread's end of the channel.
+/// Binds the socket and starts the API thread, which installs its seccomp filter before it
+/// reads a request; returns the VMM thread's end of the channel.
 fn start_api(
     args: &cli::Args,
     metrics: &Arc<telemetry::Metrics>,
+    filters: &seccomp::Filters,
 ) -> Result<(SocketFile, vmm::rpc::VmmSide), StartError> {
     let path = PathBuf::from(&args.api_sock);
     let listener = api::bind(&path)?;
     let socket = SocketFile(path);
     let (api_side, vmm_side) = vmm::rpc::channel().map_err(StartError::ApiThread)?;
     let server = api::ApiServer::new(listener, api_side, args.max_payload, metrics.clone())?;
+    let (installed_tx, installed) = std::sync::mpsc::sync_channel(1);
+    let filters = filters.clone();
     std::thread::Builder::new()
         .name("ember_api".into())
-        .spawn(move || server.run())
+        .spawn(move || {
+            let result = filters.install(seccomp::Thread::Api);
+            let ok = result.is_ok();
+            let _ = installed_tx.send(result);
+            if ok {
+                server.run();
+            }
+        })
         .map_err(StartError::ApiThread)?;
+    installed
+        .recv()
+        .map_err(|_| StartError::ApiThread(std::io::Error::other("the API thread ended")))??;
     Ok((socket, vmm_side))
+}
+
+/// `--no-seccomp`, `--seccomp-filter FILE`, or Ember's own filters.
+fn seccomp_filters(args: &cli::Args) -> Result<seccomp::Filters, StartError> {
+    Ok(match &args.seccomp {
+        cli::Seccomp::Builtin => seccomp::Filters::builtin(),
+        cli::Seccomp::Disabled => seccomp::Filters::disabled(),
+        cli::Seccomp::File(path) => seccomp::Filters::from_json_file(path)?,
+    })
 }
 
 fn console() -> Result<Console, StartError> {
@@ -142,14 +167,21 @@ fn run() -> Result<i32, StartError> {
     if args.no_api && args.config_file.is_none() {
         return Err(StartError::NoConfigFile);
     }
+    let filters = seccomp_filters(&args)?;
     // The socket answers from here on; everything slow comes after.
     let (_socket, api) = match args.no_api {
         true => (None, None),
         false => {
-            let (socket, api) = start_api(&args, &metrics)?;
+            let (socket, api) = start_api(&args, &metrics, &filters)?;
             (Some(socket), Some(api))
         }
     };
+    if let Some(start) = args.start_time_us {
+        log::info!(
+            "the API is up {} us after the jailer started",
+            telemetry::time::monotonic_us().saturating_sub(start)
+        );
+    }
     let exit = Arc::new(ExitSignal::new().map_err(StartError::Signals)?);
     signals::install(exit.clone()).map_err(StartError::Signals)?;
 
@@ -177,6 +209,7 @@ fn run() -> Result<i32, StartError> {
         store,
         metrics,
     )?;
+    controller.set_seccomp_filters(filters);
     if let Some(config) = logger {
         controller.configure_logger(&config)?;
     }

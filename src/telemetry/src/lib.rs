@@ -6,7 +6,7 @@ pub mod counter;
 pub mod logger;
 pub mod metrics;
 pub mod sink;
-mod time;
+pub mod time;
 
 pub use counter::{Counter, MaxGauge};
 pub use metrics::{ApiMetrics, BlockMetrics, Metrics, NetMetrics, VcpuMetrics};

@@ -2,6 +2,17 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// CLOCK_MONOTONIC in microseconds: the clock of the jailer's `--start-time-us`.
+pub fn monotonic_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for clock_gettime to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1_000
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn utc_ms() -> u64 {
     SystemTime::now()

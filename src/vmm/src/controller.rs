@@ -46,6 +46,8 @@ pub struct Controller {
     event_manager: EventManager<Subscriber>,
     api: Option<VmmSide>,
     vm: Option<MicroVm>,
+    /// Installed on the vCPU threads as they start, and on this thread once they have.
+    filters: seccomp::Filters,
 }
 
 impl std::fmt::Debug for Controller {
@@ -94,7 +96,13 @@ impl Controller {
             event_manager,
             api,
             vm: None,
+            filters: seccomp::Filters::builtin(),
         })
+    }
+
+    /// The seccomp filters to install at `InstanceStart` (by default, Ember's own).
+    pub fn set_seccomp_filters(&mut self, filters: seccomp::Filters) {
+        self.filters = filters;
     }
 
     /// `InstanceStart`: builds the microVM from the configuration and starts its vCPUs.
@@ -114,9 +122,15 @@ impl Controller {
             &self.metrics,
         )
         .map_err(|e| ActionError::Start(e.to_string()))?;
-        vm.start(&mut self.event_manager)
+        vm.start(&mut self.event_manager, &self.filters)
             .map_err(|e| ActionError::Start(e.to_string()))?;
         self.vm = Some(vm);
+        // From here this thread serves the guest's devices. (The vCPU threads were started
+        // first: a thread inherits its parent's filter, and theirs differs.)
+        if let Err(e) = self.filters.install(seccomp::Thread::Vmm) {
+            self.exit.report(VmExit::VmmError(e.to_string()));
+            return Err(ActionError::Start(e.to_string()));
+        }
         Ok(())
     }
 

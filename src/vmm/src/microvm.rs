@@ -83,14 +83,19 @@ impl MicroVm {
         }
     }
 
-    /// Hands the devices to the event loop and starts a thread per vCPU.
-    pub fn start(&mut self, event_manager: &mut EventManager<Subscriber>) -> Result<(), Error> {
+    /// Hands the devices to the event loop and starts a thread per vCPU, each of which
+    /// installs the vCPU seccomp filter from `filters` before it runs the guest.
+    pub fn start(
+        &mut self,
+        event_manager: &mut EventManager<Subscriber>,
+        filters: &seccomp::Filters,
+    ) -> Result<(), Error> {
         control::install_kick_handler().map_err(Error::KickHandler)?;
         for subscriber in self.subscribers.drain(..) {
             event_manager.add_subscriber(subscriber);
         }
         for vcpu in std::mem::take(&mut self.vcpus) {
-            self.handles.push(vcpu.start()?);
+            self.handles.push(vcpu.start(filters.clone())?);
         }
         Ok(())
     }

@@ -25,7 +25,19 @@ pub const HIDDEN_LEAF1_ECX: u32 = 1 << 13;
 /// its PV IPI path. Hidden: PV_UNHALT (7), PV_SEND_IPI (11), PV_SCHED_YIELD (13).
 pub const HIDDEN_KVM_FEATURES: u32 = (1 << 7) | (1 << 11) | (1 << 13);
 
-/// Whether this host's KVM is kvm_pvm.
+/// Whether this host's KVM is kvm_pvm. Inside a jail there is no /sys: there a CPU with
+/// neither VMX nor SVM that still runs KVM says the same (PVM needs neither).
 pub fn host_is_pvm() -> bool {
-    Path::new("/sys/module/kvm_pvm").exists()
+    match Path::new("/sys/module").exists() {
+        true => Path::new("/sys/module/kvm_pvm").exists(),
+        false => !cpu_has_hardware_virtualization(),
+    }
+}
+
+/// CPUID.1:ECX.VMX[bit 5] or CPUID.80000001h:ECX.SVM[bit 2].
+fn cpu_has_hardware_virtualization() -> bool {
+    use std::arch::x86_64::__cpuid;
+    let vmx = __cpuid(1).ecx & (1 << 5) != 0;
+    let svm = __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 2) != 0;
+    vmx || svm
 }

@@ -214,10 +214,14 @@ impl Ember {
                 c
             }
         };
+        command.arg("--api-sock").arg(&sock).args(extra);
+        Ember::spawn(command, sock)
+    }
+
+    /// Runs `command` (ember, or something that execs it) and waits (up to 5 s) for its API
+    /// socket to appear at `sock`.
+    pub fn spawn(mut command: Command, sock: PathBuf) -> Ember {
         let mut child = command
-            .arg("--api-sock")
-            .arg(&sock)
-            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

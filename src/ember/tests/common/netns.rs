@@ -66,7 +66,18 @@ impl NetNs {
 
     /// Adds TAP device `tap`, with host address `cidr` (if any) and `mtu`, and brings it up.
     pub fn add_tap(&self, tap: &str, cidr: Option<&str>, mtu: u32) {
-        self.exec(&["ip", "tuntap", "add", tap, "mode", "tap"]);
+        self.add_tap_owned(tap, cidr, mtu, None);
+    }
+
+    /// [`NetNs::add_tap`], with the TAP owned by `owner` (uid and gid), so that an
+    /// unprivileged (jailed) ember may attach to it.
+    pub fn add_tap_owned(&self, tap: &str, cidr: Option<&str>, mtu: u32, owner: Option<u32>) {
+        let id = owner.map(|o| o.to_string());
+        let mut add = vec!["ip", "tuntap", "add", tap, "mode", "tap"];
+        if let Some(id) = &id {
+            add.extend(["user", id, "group", id]);
+        }
+        self.exec(&add);
         self.exec(&["ip", "link", "set", tap, "mtu", &mtu.to_string()]);
         if let Some(cidr) = cidr {
             self.exec(&["ip", "addr", "add", cidr, "dev", tap]);

@@ -131,14 +131,23 @@ impl Vcpu {
         }
     }
 
-    /// Starts the thread `ember_vcpuN`. It runs until its vCPU stops the VM; the VMM thread
-    /// ends the process (and with it the other vCPU threads) once the VM has stopped.
-    pub fn start(self) -> Result<VcpuHandle, Error> {
+    /// Starts the thread `ember_vcpuN`. It installs the vCPU seccomp filter, then runs until
+    /// its vCPU stops the VM; the VMM thread ends the process (and with it the other vCPU
+    /// threads) once the VM has stopped.
+    pub fn start(self, filters: seccomp::Filters) -> Result<VcpuHandle, Error> {
         let index = self.index;
         let control = self.control.clone();
         let thread = std::thread::Builder::new()
             .name(format!("ember_vcpu{index}"))
-            .spawn(move || self.run())
+            .spawn(move || match filters.install(seccomp::Thread::Vcpu) {
+                Ok(()) => {
+                    test_hook::forbidden_syscall();
+                    self.run();
+                }
+                Err(e) => self
+                    .exit
+                    .report(VmExit::VcpuError(format!("vCPU {index}: {e}"))),
+            })
             .map_err(|e| Error::Spawn(index, e))?;
         Ok(VcpuHandle {
             index,
@@ -190,4 +199,19 @@ impl Vcpu {
             self.control.park_if_paused();
         }
     }
+}
+
+/// Debug builds only: with `EMBER_TEST_VCPU_SYSCALL=execve` in its environment, a vCPU thread
+/// makes a system call its filter forbids, right after installing it, so that the tests can
+/// see seccomp kill ember with SIGSYS. Release builds have no such hook.
+mod test_hook {
+    #[cfg(debug_assertions)]
+    pub fn forbidden_syscall() {
+        if std::env::var_os("EMBER_TEST_VCPU_SYSCALL").is_some_and(|v| v == "execve") {
+            let _ = std::process::Command::new("/bin/true").status();
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    pub fn forbidden_syscall() {}
 }

@@ -99,6 +99,7 @@ fn serve(mem: &GuestMemory, dev: &mut Block, descs: &[RawDescriptor]) -> Vec<(u3
     let queue: Queue = mq.create_queue().unwrap();
     let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     dev.activate(mem.clone(), vec![queue], irq.clone()).unwrap();
+    dev.process_queue();
     used(mem, &mq)
 }
 
@@ -430,6 +431,7 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
     let queue: Queue = mq.create_queue().unwrap();
     let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     dev.activate(mem.clone(), vec![queue], irq).unwrap();
+    dev.process_queue();
     assert_eq!(used(&mem, &mq).len(), 2, "the bucket holds two requests");
     assert_eq!(metrics.rate_limiter_throttled_events.total(), 1);
 

@@ -486,8 +486,11 @@ impl VirtioDevice for Net {
             let _ = self.tap.set_offload(0);
         }
         self.active = Some(Active { mem, rx, tx, irq });
-        self.process_tx();
-        self.process_rx();
+        // Frames the driver queued before the ioeventfds were armed move on the VMM thread:
+        // this runs on a vCPU thread, whose seccomp filter allows no TAP I/O.
+        for evt in &self.queue_events {
+            let _ = evt.write(1);
+        }
         Ok(())
     }
 

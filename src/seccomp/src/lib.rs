@@ -1,0 +1,144 @@
+//! Seccomp filters for ember's threads. A compromised VMM thread, API thread or vCPU thread
+//! can make only the system calls (and, for `ioctl`, the requests) that kind of thread needs;
+//! anything else kills the process. The filters come from `filters/x86_64.json`, compiled
+//! when ember is built; `--seccomp-filter FILE` replaces them with a user's (same format) and
+//! `--no-seccomp` turns them off. Each thread installs its own filter before it runs code that
+//! the guest can reach.
+
+use std::sync::Arc;
+
+use seccompiler::{sock_filter, BpfProgram};
+
+/// The kinds of thread, each with its own filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Thread {
+    /// The main thread: the event loop and every device.
+    Vmm,
+    /// The API server.
+    Api,
+    /// One per vCPU.
+    Vcpu,
+}
+
+impl Thread {
+    pub const ALL: [Thread; 3] = [Thread::Vmm, Thread::Api, Thread::Vcpu];
+
+    /// The thread's key in a filter file, as in Firecracker's.
+    pub fn key(self) -> &'static str {
+        match self {
+            Thread::Vmm => "vmm",
+            Thread::Api => "api",
+            Thread::Vcpu => "vcpu",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read the seccomp filter file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the seccomp filter file {path} is not a valid filter: {reason}")]
+    Invalid { path: String, reason: String },
+    #[error(
+        "the seccomp filter file {path} has no filter for the {thread:?} thread (key {key:?})"
+    )]
+    Missing {
+        path: String,
+        thread: Thread,
+        key: &'static str,
+    },
+    #[error("cannot install the seccomp filter of the {thread:?} thread: {reason}")]
+    Install { thread: Thread, reason: String },
+}
+
+/// The filters ember installs, one per kind of thread; none with `--no-seccomp`.
+#[derive(Debug, Clone)]
+pub struct Filters {
+    programs: Option<Arc<[BpfProgram; 3]>>,
+}
+
+/// Ember's own filters, compiled by build.rs.
+const BUILTIN: [&[u8]; 3] = [
+    include_bytes!(concat!(env!("OUT_DIR"), "/vmm.bpf")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/api.bpf")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/vcpu.bpf")),
+];
+
+/// A program from build.rs's bytes: 8 per instruction (code, jt, jf, k; little-endian).
+fn decode(bytes: &[u8]) -> BpfProgram {
+    bytes
+        .chunks_exact(8)
+        .map(|b| sock_filter {
+            code: u16::from_le_bytes([b[0], b[1]]),
+            jt: b[2],
+            jf: b[3],
+            k: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+        })
+        .collect()
+}
+
+impl Filters {
+    /// Ember's own filters.
+    pub fn builtin() -> Self {
+        Filters {
+            programs: Some(Arc::new(BUILTIN.map(decode))),
+        }
+    }
+
+    /// No filters (`--no-seccomp`).
+    pub fn disabled() -> Self {
+        Filters { programs: None }
+    }
+
+    /// A user's filters, in seccompiler's JSON format with the keys `vmm`, `api` and `vcpu`
+    /// (Firecracker's thread names). `path` only names the file in errors.
+    pub fn from_json(text: &[u8], path: &str) -> Result<Self, Error> {
+        let mut map = seccompiler::compile_from_json(text, seccompiler::TargetArch::x86_64)
+            .map_err(|e| Error::Invalid {
+                path: path.into(),
+                reason: e.to_string(),
+            })?;
+        let mut take = |thread: Thread| {
+            map.remove(thread.key()).ok_or(Error::Missing {
+                path: path.into(),
+                thread,
+                key: thread.key(),
+            })
+        };
+        let programs = [take(Thread::Vmm)?, take(Thread::Api)?, take(Thread::Vcpu)?];
+        Ok(Filters {
+            programs: Some(Arc::new(programs)),
+        })
+    }
+
+    /// Reads [`Filters::from_json`]'s format from a file.
+    pub fn from_json_file(path: &str) -> Result<Self, Error> {
+        let text = std::fs::read(path).map_err(|source| Error::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_json(&text, path)
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.programs.is_some()
+    }
+
+    /// Installs `thread`'s filter on the calling thread (and on threads it starts later).
+    pub fn install(&self, thread: Thread) -> Result<(), Error> {
+        let Some(programs) = &self.programs else {
+            return Ok(());
+        };
+        let index = Thread::ALL.iter().position(|t| *t == thread).unwrap_or(0);
+        seccompiler::apply_filter(&programs[index]).map_err(|e| Error::Install {
+            thread,
+            reason: e.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
