@@ -61,6 +61,11 @@ impl JailFixture {
         PathBuf::from(format!("/sys/fs/cgroup/pids/ember/{}", self.id))
     }
 
+    /// The microVM's cgroup with `--cgroup-version 2` (this machine's cgroup2 mount).
+    fn cgroup_v2(&self) -> PathBuf {
+        PathBuf::from(format!("/sys/fs/cgroup/unified/ember/{}", self.id))
+    }
+
     /// The jailer's command line with `extra` jailer flags and `vmm` arguments.
     fn command(&self, extra: &[&str], vmm: &[&str]) -> Command {
         let bins = static_bins();
@@ -107,6 +112,7 @@ impl Drop for JailFixture {
             std::thread::sleep(Duration::from_millis(200));
         }
         let _ = std::fs::remove_dir(self.cgroup());
+        let _ = std::fs::remove_dir(self.cgroup_v2());
     }
 }
 
@@ -135,10 +141,30 @@ fn boot_in_jail(name: &str, pid_ns: bool) {
     }
     let jail = JailFixture::new(name);
     let mut extra = vec!["--cgroup", "pids.max=64"];
+    extra.extend([
+        "--resource-limit",
+        "no-file=1000",
+        "--resource-limit",
+        "fsize=1048576",
+    ]);
     if pid_ns {
         extra.push("--new-pid-ns");
     }
-    let command = jail.command(&extra, &["--api-sock", "/run/ember.socket"]);
+    let mut command = jail.command(&extra, &["--api-sock", "/run/ember.socket"]);
+    // A descriptor the jailer's parent leaks (number 50, no close-on-exec) must not reach
+    // ember.
+    let leaked = std::fs::File::open("/etc/hostname").unwrap();
+    let leaked_fd = std::os::fd::AsRawFd::as_raw_fd(&leaked);
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2, which
+    // is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, move || {
+            match libc::dup2(leaked_fd, 50) {
+                -1 => Err(std::io::Error::last_os_error()),
+                _ => Ok(()),
+            }
+        });
+    }
     let mut ember = Ember::spawn(command, jail.root().join("run/ember.socket"));
     let pid = jail.pid();
     assert!(pid > 0, "no pid file; stderr: {}", ember.stderr());
@@ -169,6 +195,23 @@ fn boot_in_jail(name: &str, pid_ns: bool) {
     assert_eq!(status_field(pid, "Uid:"), "1234 1234 1234 1234");
     assert_eq!(status_field(pid, "Gid:"), "1234 1234 1234 1234");
     assert_eq!(status_field(pid, "Groups:"), "");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let limit = |name: &str| {
+        let line = limits.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .rev()
+            .skip(1)
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(limit("Max open files"), "1000 1000", "{limits}");
+    assert_eq!(limit("Max file size"), "1048576 1048576", "{limits}");
+    assert!(
+        std::fs::read_link(format!("/proc/{pid}/fd/50")).is_err(),
+        "an inherited descriptor reached ember"
+    );
+    drop(leaked);
     let mut visible: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -257,6 +300,60 @@ fn the_jailer_boots_a_guest_as_an_unprivileged_user_inside_its_jail() {
 #[test]
 fn with_new_pid_ns_ember_is_pid_1_of_its_own_namespace() {
     boot_in_jail("jail-pidns", true);
+}
+
+#[test]
+fn cgroup_v2_and_daemonize() {
+    if !kvm_or_skip("cgroup_v2_and_daemonize") {
+        return;
+    }
+    if !Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
+        skip(
+            "cgroup_v2_and_daemonize",
+            "no cgroup2 hierarchy at /sys/fs/cgroup/unified",
+        );
+        return;
+    }
+    let jail = JailFixture::new("jail-v2");
+    // This machine's cgroup2 hierarchy offers hugetlb only (the rest is bound to v1).
+    let extra = [
+        "--cgroup-version",
+        "2",
+        "--cgroup",
+        "hugetlb.2MB.max=0",
+        "--daemonize",
+    ];
+    let mut ember = Ember::spawn(
+        jail.command(&extra, &["--api-sock", "/run/ember.socket"]),
+        jail.root().join("run/ember.socket"),
+    );
+    let pid = jail.pid();
+    ember.client().get("/").expect(200, "");
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(
+        cgroups
+            .lines()
+            .any(|l| l == format!("0::/ember/{}", jail.id)),
+        "{cgroups}"
+    );
+    let max = std::fs::read_to_string(jail.cgroup_v2().join("hugetlb.2MB.max")).unwrap();
+    assert_eq!(max.trim(), "0");
+    // Daemonized: its own session, and its standard streams on /dev/null.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    let session: u32 = after_name
+        .split_whitespace()
+        .nth(3)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(session, pid, "{stat}");
+    for fd in 0..3 {
+        let target = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).unwrap();
+        assert_eq!(target, Path::new("/dev/null"), "fd {fd}");
+    }
+    ember.child.kill().unwrap();
+    let _ = ember.wait_exit(Duration::from_secs(5));
 }
 
 #[test]
