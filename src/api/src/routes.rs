@@ -5,9 +5,9 @@
 
 use serde::Deserialize;
 use vmm::config::{
-    parse_json_in, valid_id, BootSourceConfig, ConfigError, DriveConfig, Later, LoggerConfig,
-    MachineConfig, MachineConfigUpdate, MetricsConfig, MmdsConfig, NetworkInterfaceConfig,
-    PartialDrive, PartialNetworkInterface,
+    parse_json_in, valid_id, BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig,
+    Later, LoggerConfig, MachineConfig, MachineConfigUpdate, MetricsConfig, MmdsConfig,
+    NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
 };
 use vmm::rpc::VmmAction;
 
@@ -32,6 +32,7 @@ enum Route {
     NetworkInterface,
     Mmds,
     MmdsConfig,
+    Entropy,
     Actions,
     Logger,
     Metrics,
@@ -50,7 +51,7 @@ impl Route {
             (Route::BootSource | Route::Actions | Route::Logger | Route::Metrics, _) => &["PUT"],
             (Route::Drive | Route::NetworkInterface, _) => &["PUT", "PATCH"],
             (Route::Mmds, _) => &["GET", "PUT", "PATCH"],
-            (Route::MmdsConfig, _) => &["PUT"],
+            (Route::MmdsConfig | Route::Entropy, _) => &["PUT"],
             (Route::VmState, _) => &["PATCH"],
             (_, ["balloon"] | ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
             (_, ["balloon", "statistics"]) => &["GET", "PATCH"],
@@ -78,7 +79,7 @@ fn route(path: &[&str]) -> Option<Route> {
         ["mmds"] => Mmds,
         ["mmds", "config"] => MmdsConfig,
         ["vsock"] => Later(vmm::config::Later::Vsock),
-        ["entropy"] => Later(vmm::config::Later::Entropy),
+        ["entropy"] => Entropy,
         ["balloon"]
         | ["balloon", "statistics"]
         | ["balloon", "hinting", "start" | "status" | "stop"] => Later(vmm::config::Later::Balloon),
@@ -232,6 +233,7 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::Mmds, "PUT") => VmmAction::PutMmds(body(req, "mmds")?),
         (Route::Mmds, _) => VmmAction::PatchMmds(body(req, "mmds")?),
         (Route::MmdsConfig, _) => VmmAction::PutMmdsConfig(body::<MmdsConfig>(req, "mmds-config")?),
+        (Route::Entropy, _) => VmmAction::PutEntropy(body::<EntropyDeviceConfig>(req, "entropy")?),
         (Route::Logger, _) => VmmAction::PutLogger(body::<LoggerConfig>(req, "logger")?),
         (Route::Metrics, _) => VmmAction::PutMetrics(body::<MetricsConfig>(req, "metrics")?),
         (Route::Actions, _) => {

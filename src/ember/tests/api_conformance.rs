@@ -149,6 +149,22 @@ fn cases(kernel: &str, disk: &str, log: &str, metrics: &str) -> Vec<Case> {
         },
         Case {
             method: "PUT",
+            path: "/entropy",
+            good: json!({"rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 100}}}),
+            wrong_type: (
+                json!({"rate_limiter": 5}),
+                "entropy.rate_limiter: invalid type: integer `5`",
+            ),
+            missing: (
+                json!({"rate_limiter": {"ops": {"size": 5}}}),
+                "missing field `refill_time`",
+            ),
+            unknown: json!({"rate_limiter": null, "quality": 1}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PUT",
             path: "/metrics",
             good: json!({"metrics_path": metrics}),
             wrong_type: (
@@ -280,6 +296,10 @@ fn every_path_with_a_body_before_and_after_boot() {
     );
     let config = c.get("/vm/config").expect(200, "").json();
     assert_eq!(config["machine-config"], machine);
+    assert_eq!(
+        config["entropy"],
+        json!({"rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 100}}})
+    );
     assert_eq!(config["drives"][0]["path_on_host"], disk.as_str());
 
     c.instance_start();
@@ -450,7 +470,6 @@ fn unknown_paths_wrong_methods_and_later_features() {
     // Paths of features Ember does not have yet: 400 naming the feature.
     for (method, path, feature) in [
         ("PUT", "/vsock", "vsock device"),
-        ("PUT", "/entropy", "entropy device"),
         ("PUT", "/balloon", "balloon device"),
         ("GET", "/balloon/statistics", "balloon device"),
         ("PATCH", "/balloon/hinting/start", "balloon device"),
@@ -491,6 +510,10 @@ fn the_same_mistake_gets_the_same_sentence_from_the_api_and_a_config_file() {
         (
             "boot-source",
             json!({"kernel_image_path": "/nonexistent/vmlinux"}),
+        ),
+        (
+            "entropy",
+            json!({"rate_limiter": {"ops": {"size": 1, "refill_time": 0}}}),
         ),
     ] {
         let api = c.put(&format!("/{section}"), &body);

@@ -19,17 +19,6 @@ use serde_json::{json, Value};
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
-/// The fields after `key ` in `line`, as a number.
-fn field(line: &str, key: &str) -> u64 {
-    let mut words = line.split_whitespace();
-    while let Some(w) = words.next() {
-        if w == key {
-            return words.next().unwrap().parse().unwrap();
-        }
-    }
-    panic!("no {key} in {line:?}");
-}
-
 /// The guest agent's `dio` lines, in order.
 fn dio_lines(lines: &[String]) -> Vec<&String> {
     lines
@@ -60,23 +49,6 @@ fn flush_and_finish(
     (flushed, lines)
 }
 
-/// Every metrics line written so far, parsed.
-fn metrics_lines(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// The sum over all lines of a counter (each line holds what changed since the last).
-fn metric_sum(lines: &[Value], section: &str, field: &str) -> u64 {
-    lines
-        .iter()
-        .map(|l| l[section][field].as_u64().unwrap_or(0))
-        .sum()
-}
-
 /// CPU use (percent of one core) of ember and of its VMM thread over `window`.
 fn cpu_percent(ember: &Ember, window: Duration) -> (f64, f64) {
     let (total, vmm, started) = (ember.cpu_ms(), ember.vmm_thread_cpu_ms(), Instant::now());
@@ -86,27 +58,6 @@ fn cpu_percent(ember: &Ember, window: Duration) -> (f64, f64) {
         (ember.cpu_ms() - total) as f64 * 100.0 / ms,
         (ember.vmm_thread_cpu_ms() - vmm) as f64 * 100.0 / ms,
     )
-}
-
-/// Machine, boot source (with `cmd` for the guest's init) and the read-only root drive.
-fn configure(c: &mut Client, img: &Images, vcpus: u8, mib: u32, cmd: &str) {
-    c.put(
-        "/machine-config",
-        &json!({"vcpu_count": vcpus, "mem_size_mib": mib}),
-    )
-    .expect(204, "");
-    c.put(
-        "/boot-source",
-        &json!({"kernel_image_path": img.file("vmlinux"),
-                "boot_args": format!("{BASE_ARGS} ember_cmd=\"{cmd}\"")}),
-    )
-    .expect(204, "");
-    c.put(
-        "/drives/rootfs",
-        &json!({"drive_id": "rootfs", "path_on_host": img.file("rootfs.ext4"),
-                "is_root_device": true, "is_read_only": true}),
-    )
-    .expect(204, "");
 }
 
 fn bandwidth(size: u64, burst: u64) -> Value {

@@ -17,6 +17,9 @@
 //!                                           SKIP then COUNT direct-I/O requests of BS
 //!                                           bytes; prints bytes, requests, µs and bytes
 //!                                           per second of the last COUNT
+//!   ember-agent read FILE BYTES [SKIP]      read SKIP then BYTES bytes of FILE (e.g.
+//!                                           /dev/hwrng); prints bytes, µs, bytes per second
+//!                                           and how many distinct byte values the BYTES had
 
 mod dio;
 mod raw;
@@ -39,6 +42,8 @@ fn main() {
         ["raw-tcp", ip, port] => raw::flood(ip, port),
         ["dio", mode, dev, bs, count] => dio::run(mode, dev, bs, count, "0"),
         ["dio", mode, dev, bs, count, skip] => dio::run(mode, dev, bs, count, skip),
+        ["read", file, bytes] => read_rate(file, bytes, "0"),
+        ["read", file, bytes, skip] => read_rate(file, bytes, skip),
         ["http-latency", ip, path, n] => http_latency(ip, path, n),
         ["http", ip, method, path, ref headers @ ..] => http(ip, method, path, headers),
         _ => Err("usage: see the comment at the top of src/guest-agent/src/main.rs".into()),
@@ -53,6 +58,42 @@ fn main() {
 }
 
 type Result<T> = std::result::Result<T, String>;
+
+/// `read FILE BYTES [SKIP]`: plain reads, as a program reading a character device does.
+fn read_rate(file: &str, bytes: &str, skip: &str) -> Result<String> {
+    let (bytes, skip) = (number(bytes)?, number(skip)?);
+    let mut f = std::fs::File::open(file).map_err(|e| format!("open {file}: {e}"))?;
+    let mut buf = vec![0u8; 4096];
+    let mut seen = [false; 256];
+    let mut done = 0u64;
+    let mut started = Instant::now();
+    while done < skip + bytes {
+        if done == skip {
+            started = Instant::now();
+        }
+        // Up to the end of the skipped part, then up to the end.
+        let stop = if done < skip { skip } else { skip + bytes };
+        let want = (stop - done).min(buf.len() as u64) as usize;
+        let n = f
+            .read(&mut buf[..want])
+            .map_err(|e| format!("read {file}: {e}"))?;
+        if n == 0 {
+            return Err(format!("{file} ended after {done} bytes"));
+        }
+        if done >= skip {
+            for &b in &buf[..n] {
+                seen[usize::from(b)] = true;
+            }
+        }
+        done += n as u64;
+    }
+    let us = started.elapsed().as_micros().max(1) as u64;
+    let distinct = seen.iter().filter(|&&s| s).count();
+    Ok(format!(
+        "read bytes {bytes} us {us} rate_bps {} distinct {distinct}",
+        u128::from(bytes) * 1_000_000 / u128::from(us)
+    ))
+}
 
 fn addr(host: &str, port: &str) -> Result<SocketAddr> {
     format!("{host}:{port}")

@@ -12,6 +12,7 @@ pub mod token;
 
 pub use stack::MmdsStack;
 pub use store::{DataStore, StoreError, Version};
+pub use token::random_bytes;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

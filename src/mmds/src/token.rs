@@ -62,7 +62,7 @@ fn random_hex(bytes: usize) -> Result<String, TokenError> {
 }
 
 /// Fills `buf` from the kernel's random source (getrandom(2)).
-pub(crate) fn random_bytes(buf: &mut [u8]) -> std::io::Result<()> {
+pub fn random_bytes(buf: &mut [u8]) -> std::io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
         let rest = &mut buf[filled..];

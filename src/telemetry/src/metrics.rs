@@ -53,6 +53,20 @@ counters!(
 );
 
 counters!(
+    /// The entropy device (Firecracker's `entropy` section, and `invalid_reqs_count`).
+    EntropyMetrics {
+        activate_fails,
+        entropy_event_fails,
+        entropy_event_count,
+        entropy_bytes,
+        host_rng_fails,
+        entropy_rate_limiter_throttled,
+        rate_limiter_event_count,
+        invalid_reqs_count,
+    }
+);
+
+counters!(
     /// One virtio-net device.
     NetMetrics {
         activate_fails,
@@ -207,6 +221,7 @@ impl ApiMetrics {
 pub struct Metrics {
     pub api: ApiMetrics,
     pub vcpu: VcpuMetrics,
+    pub entropy: Arc<EntropyMetrics>,
     blocks: Mutex<Vec<(String, Arc<BlockMetrics>)>>,
     nets: Mutex<Vec<(String, Arc<NetMetrics>)>>,
     /// Metric lines the destination could not take.
@@ -293,6 +308,7 @@ impl Metrics {
         out.insert("patch_api_requests".into(), object(&api.patch.take()));
         devices(&mut out, "block", &self.blocks, BlockMetrics::take);
         devices(&mut out, "net", &self.nets, NetMetrics::take);
+        out.insert("entropy".into(), object(&self.entropy.take()));
         out.insert("vcpu".into(), object(&self.vcpu.take()));
         let mut line = Value::Object(out).to_string();
         line.push('\n');

@@ -13,6 +13,7 @@ use devices::legacy::{i8042, BootTimer, Serial, I8042};
 use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::net::{MmdsLink, Net, NetConfig};
+use devices::virtio::rng::{Entropy, EntropyConfig};
 use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
 use devices::Bus;
 use vm_memory::{Bytes, GuestAddress};
@@ -229,6 +230,18 @@ fn assemble(
         subscribers.push(net.clone());
         devices.nets.push((iface.iface_id.clone(), net));
         slot += 1;
+        cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
+    }
+    if let Some(entropy) = resources.entropy() {
+        let config = EntropyConfig {
+            limiter: RateLimiterConfig::spec(entropy.rate_limiter.as_ref()),
+            metrics: metrics.entropy.clone(),
+        };
+        let rng = Entropy::new(&config).map_err(BuildError::EventFd)?;
+        let rng = Arc::new(Mutex::new(rng));
+        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, rng.clone(), window + slot, slot)?;
+        subscribers.push(rng.clone());
+        devices.entropy = Some(rng);
         cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
     }
 

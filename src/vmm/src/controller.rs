@@ -295,6 +295,7 @@ impl Controller {
             | VmmAction::PutDrive(_)
             | VmmAction::PutNetworkInterface(_)
             | VmmAction::PutMmdsConfig(_)
+            | VmmAction::PutEntropy(_)
             | VmmAction::PutLogger(_)
             | VmmAction::PutMetrics(_)
             | VmmAction::InstanceStart
@@ -326,6 +327,7 @@ impl Controller {
                 empty(self.resources.replace_network_interface(iface))
             }
             VmmAction::PutMmdsConfig(config) => empty(self.resources.set_mmds_config(config)),
+            VmmAction::PutEntropy(config) => empty(self.resources.set_entropy(config)),
             VmmAction::PutMmds(value) => {
                 mmds::lock(&self.mmds).put(value)?;
                 Ok(VmmData::Empty)

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use devices::legacy::I8042;
 use devices::virtio::block::Block;
 use devices::virtio::net::Net;
+use devices::virtio::rng::Entropy;
 use event_manager::{EventManager, SubscriberOps};
 
 use crate::event_loop::Subscriber;
@@ -30,6 +31,7 @@ pub enum Error {
 pub struct Devices {
     pub blocks: Vec<(String, Arc<Mutex<Block>>)>,
     pub nets: Vec<(String, Arc<Mutex<Net>>)>,
+    pub entropy: Option<Arc<Mutex<Entropy>>>,
 }
 
 fn find<'a, T>(list: &'a [(String, Arc<Mutex<T>>)], id: &str) -> Option<&'a Arc<Mutex<T>>> {

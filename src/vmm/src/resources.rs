@@ -3,9 +3,9 @@
 //! time through the same `set_*` methods, so both see the same checks.
 
 use crate::config::{
-    parse_json, BootSourceConfig, ConfigError, DriveConfig, LoggerConfig, MachineConfig,
-    MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
-    RateLimiterConfig, VmConfig,
+    parse_json, BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig, LoggerConfig,
+    MachineConfig, MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive,
+    PartialNetworkInterface, RateLimiterConfig, VmConfig,
 };
 
 /// virtio-mmio devices (drives and network interfaces) get IRQs 5..=23.
@@ -20,6 +20,8 @@ pub struct VmResources {
     drives: Vec<DriveConfig>,
     network_interfaces: Vec<NetworkInterfaceConfig>,
     pub mmds_config: Option<MmdsConfig>,
+    /// The entropy device, if there is one.
+    entropy: Option<EntropyDeviceConfig>,
     /// The config file's `logger` and `metrics`, applied when ember starts.
     pub logger: Option<LoggerConfig>,
     pub metrics: Option<MetricsConfig>,
@@ -48,6 +50,9 @@ impl VmResources {
         }
         if let Some(mmds) = config.mmds_config {
             resources.set_mmds_config(mmds)?;
+        }
+        if let Some(entropy) = config.entropy {
+            resources.set_entropy(entropy)?;
         }
         resources.logger = config.logger;
         resources.metrics = config.metrics;
@@ -87,7 +92,9 @@ impl VmResources {
                 ));
             }
         }
-        self.check_device_count(others.count() + 1 + self.network_interfaces.len())?;
+        self.check_device_count(
+            others.count() + 1 + self.network_interfaces.len() + self.others(),
+        )?;
         match self
             .drives
             .iter_mut()
@@ -99,6 +106,11 @@ impl VmResources {
         // Stable: the root first, the others in the order given.
         self.drives.sort_by_key(|d| !d.is_root_device);
         Ok(())
+    }
+
+    /// Devices other than drives and interfaces that take an interrupt line.
+    fn others(&self) -> usize {
+        usize::from(self.entropy.is_some())
     }
 
     fn check_device_count(&self, count: usize) -> Result<(), ConfigError> {
@@ -138,7 +150,7 @@ impl VmResources {
                 });
             }
         }
-        self.check_device_count(self.drives.len() + others.len() + 1)?;
+        self.check_device_count(self.drives.len() + others.len() + 1 + self.others())?;
         iface.validate()?;
         match self
             .network_interfaces
@@ -171,6 +183,20 @@ impl VmResources {
         }
         self.mmds_config = Some(config);
         Ok(())
+    }
+
+    /// `PUT /entropy`: adds the entropy device, or replaces its configuration.
+    pub fn set_entropy(&mut self, config: EntropyDeviceConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        if self.entropy.is_none() {
+            self.check_device_count(self.drives.len() + self.network_interfaces.len() + 1)?;
+        }
+        self.entropy = Some(config);
+        Ok(())
+    }
+
+    pub fn entropy(&self) -> Option<&EntropyDeviceConfig> {
+        self.entropy.as_ref()
     }
 
     /// Records a `PATCH` that the running drive took, for `GET /vm/config`.
@@ -221,6 +247,7 @@ impl VmResources {
             self.machine_config.clone(),
             self.network_interfaces.clone(),
             self.mmds_config.clone(),
+            self.entropy.clone(),
         )
     }
 }

@@ -9,9 +9,9 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{
-    BootSourceConfig, ConfigError, DriveConfig, Later, LoggerConfig, MachineConfig,
-    MachineConfigUpdate, MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive,
-    PartialNetworkInterface, VmConfig,
+    BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig, Later, LoggerConfig,
+    MachineConfig, MachineConfigUpdate, MetricsConfig, MmdsConfig, NetworkInterfaceConfig,
+    PartialDrive, PartialNetworkInterface, VmConfig,
 };
 
 /// How long the API thread busy-waits for an answer before it sleeps.
@@ -33,6 +33,7 @@ pub enum VmmAction {
     PutNetworkInterface(NetworkInterfaceConfig),
     PatchNetworkInterface(PartialNetworkInterface),
     PutMmdsConfig(MmdsConfig),
+    PutEntropy(EntropyDeviceConfig),
     PutMmds(serde_json::Value),
     PatchMmds(serde_json::Value),
     GetMmds,

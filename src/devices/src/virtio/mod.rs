@@ -7,6 +7,7 @@ pub mod device;
 pub mod interrupt;
 pub mod mmio;
 pub mod net;
+pub mod rng;
 
 pub use device::{ActivateError, VirtioDevice};
 pub use interrupt::{InterruptKind, IrqTrigger};

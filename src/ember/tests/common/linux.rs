@@ -1,6 +1,9 @@
-//! The Linux guest's images (built by guest/build.sh) and what its init prints.
+//! The Linux guest's images (built by guest/build.sh), its usual configuration, and what
+//! its init and the metrics say.
 
 use std::path::PathBuf;
+
+use serde_json::{json, Value};
 
 use super::{kvm_or_skip, skip, Run};
 
@@ -60,4 +63,53 @@ pub fn command_lines(out: &str) -> Vec<String> {
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
         .collect()
+}
+
+/// The fields after `key ` in `line`, as a number.
+pub fn field(line: &str, key: &str) -> u64 {
+    let mut words = line.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == key {
+            return words.next().unwrap().parse().unwrap();
+        }
+    }
+    panic!("no {key} in {line:?}");
+}
+
+/// Every metrics line written so far, parsed.
+pub fn metrics_lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The sum over all lines of a counter (each line holds what changed since the last).
+pub fn metric_sum(lines: &[Value], section: &str, field: &str) -> u64 {
+    lines
+        .iter()
+        .map(|l| l[section][field].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Machine, boot source (with `cmd` for the guest's init) and the read-only root drive.
+pub fn configure(c: &mut super::api::Client, img: &Images, vcpus: u8, mib: u32, cmd: &str) {
+    c.put(
+        "/machine-config",
+        &json!({"vcpu_count": vcpus, "mem_size_mib": mib}),
+    )
+    .expect(204, "");
+    c.put(
+        "/boot-source",
+        &json!({"kernel_image_path": img.file("vmlinux"),
+                "boot_args": format!("{BASE_ARGS} ember_cmd=\"{cmd}\"")}),
+    )
+    .expect(204, "");
+    c.put(
+        "/drives/rootfs",
+        &json!({"drive_id": "rootfs", "path_on_host": img.file("rootfs.ext4"),
+                "is_root_device": true, "is_read_only": true}),
+    )
+    .expect(204, "");
 }

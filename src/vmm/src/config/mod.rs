@@ -5,6 +5,7 @@
 
 mod boot;
 mod drive;
+mod entropy;
 mod machine;
 mod mmds;
 mod net;
@@ -13,6 +14,7 @@ mod telemetry;
 
 pub use boot::BootSourceConfig;
 pub use drive::{valid_id, CacheType, DriveConfig, IoEngine, PartialDrive};
+pub use entropy::EntropyDeviceConfig;
 pub use machine::{HugePages, MachineConfig, MachineConfigUpdate, MAX_VCPUS};
 pub use mmds::{MmdsConfig, MmdsVersion};
 pub use net::{MacAddr, NetworkInterfaceConfig, PartialNetworkInterface};
@@ -49,8 +51,9 @@ pub struct VmConfig {
     pub mmds_config: Option<MmdsConfig>,
     #[serde(default, skip_serializing)]
     pub vsock: Option<serde_json::Value>,
-    #[serde(default, skip_serializing)]
-    pub entropy: Option<serde_json::Value>,
+    /// `null` asks for no device, as in Firecracker's `GET /vm/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<EntropyDeviceConfig>,
     #[serde(default, skip_serializing)]
     pub balloon: Option<serde_json::Value>,
     /// Applied when ember starts; not part of `GET /vm/config`, as in Firecracker.
@@ -74,6 +77,7 @@ impl VmConfig {
         machine_config: MachineConfig,
         network_interfaces: Vec<NetworkInterfaceConfig>,
         mmds_config: Option<MmdsConfig>,
+        entropy: Option<EntropyDeviceConfig>,
     ) -> Self {
         VmConfig {
             boot_source,
@@ -82,7 +86,7 @@ impl VmConfig {
             network_interfaces,
             mmds_config,
             vsock: None,
-            entropy: None,
+            entropy,
             balloon: None,
             logger: None,
             metrics: None,
@@ -99,11 +103,7 @@ impl VmConfig {
             Some(serde_json::Value::Array(a)) => !a.is_empty(),
             Some(_) => true,
         };
-        let sections = [
-            (&self.vsock, Later::Vsock),
-            (&self.entropy, Later::Entropy),
-            (&self.balloon, Later::Balloon),
-        ];
+        let sections = [(&self.vsock, Later::Vsock), (&self.balloon, Later::Balloon)];
         for (section, later) in sections {
             if asks(section) {
                 return Err(ConfigError::NotYet(later));
@@ -130,8 +130,6 @@ impl VmConfig {
 pub enum Later {
     #[error("the vsock device is not available in Ember yet")]
     Vsock,
-    #[error("the entropy device is not available in Ember yet")]
-    Entropy,
     #[error("the balloon device is not available in Ember yet")]
     Balloon,
     #[error("snapshots are not available in Ember yet")]

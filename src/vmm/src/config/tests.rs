@@ -309,3 +309,52 @@ fn rate_limiters_logger_and_metrics_in_a_config_file() {
     assert!(error_of(&with("{}", r#""logger": {"level": "loud"},"#))
         .contains("logger.level: unknown log level \"loud\""));
 }
+
+#[test]
+fn the_entropy_section_is_a_device_with_an_optional_limiter() {
+    let kernel = temp_file("kernel-entropy");
+    let with = |entropy: &str| {
+        format!(r#"{{"boot-source": {{"kernel_image_path": "{kernel}"}}, "entropy": {entropy}}}"#)
+    };
+    let res = VmResources::from_json(&with(
+        r#"{"rate_limiter": {"ops": {"size": 10, "refill_time": 100}}}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        res.entropy()
+            .unwrap()
+            .rate_limiter
+            .unwrap()
+            .ops
+            .unwrap()
+            .size,
+        10
+    );
+    let shown = serde_json::to_value(res.to_config()).unwrap();
+    assert_eq!(shown["entropy"]["rate_limiter"]["ops"]["refill_time"], 100);
+    assert!(VmResources::from_json(&with("null"))
+        .unwrap()
+        .entropy()
+        .is_none());
+    assert!(VmResources::from_json(&with("{}"))
+        .unwrap()
+        .entropy()
+        .is_some());
+    let e = error_of(&with(r#"{"quality": 3}"#));
+    assert!(
+        e.contains("entropy") && e.contains("unknown field `quality`"),
+        "{e}"
+    );
+    // It takes one of the interrupt lines the drives and interfaces share.
+    let mut res = VmResources::default();
+    for i in 0..crate::resources::MAX_DEVICES {
+        let disk = temp_file(&format!("disk-entropy-{i}"));
+        let drive =
+            format!(r#"{{"drive_id": "d{i}", "path_on_host": "{disk}", "is_root_device": false}}"#);
+        res.add_drive(parse_json(&drive).unwrap()).unwrap();
+    }
+    assert!(matches!(
+        res.set_entropy(EntropyDeviceConfig::default()),
+        Err(ConfigError::TooManyDevices { .. })
+    ));
+}

@@ -1,0 +1,250 @@
+//! virtio-rng (the entropy device): the guest posts device-writable buffers and gets them
+//! back filled from the host's getrandom(2), at most [`MAX_REQUEST`] bytes a request, held to
+//! the `rate_limiter` (bytes and requests). Runs on the VMM thread.
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use event_manager::{EventOps, Events, MutEventSubscriber};
+use telemetry::EntropyMetrics;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemory as _, Permissions};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
+use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
+
+pub const QUEUE_SIZE: u16 = 256;
+/// The most a request is given; a larger buffer gets this much (the used length says so).
+pub const MAX_REQUEST: u32 = 64 << 10;
+
+/// What the builder needs to make the entropy device.
+#[derive(Debug, Clone)]
+pub struct EntropyConfig {
+    pub limiter: LimiterSpec,
+    pub metrics: Arc<EntropyMetrics>,
+}
+
+struct Active {
+    mem: GuestMemory,
+    queue: Queue,
+    irq: Arc<IrqTrigger>,
+}
+
+pub struct Entropy {
+    acked_features: u64,
+    queue_events: [EventFd; 1],
+    active: Option<Active>,
+    limiter: RateLimiter,
+    metrics: Arc<EntropyMetrics>,
+    /// Reused for each request's random bytes.
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Entropy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entropy")
+            .field("active", &self.active.is_some())
+            .finish()
+    }
+}
+
+/// Why a request gets nothing.
+#[derive(Debug, PartialEq, Eq)]
+enum Bad {
+    /// A device-readable buffer in the chain, or one outside guest memory.
+    Buffer,
+}
+
+/// The chain's buffers, capped at [`MAX_REQUEST`] bytes in all.
+fn buffers(
+    mem: &GuestMemory,
+    chain: impl Iterator<Item = virtio_queue::desc::split::Descriptor>,
+) -> Result<Vec<(GuestAddress, u32)>, Bad> {
+    let mut out = Vec::new();
+    let mut total = 0u32;
+    for d in chain {
+        if !d.is_write_only() || !mem.check_range(d.addr(), d.len() as usize, Permissions::Write) {
+            return Err(Bad::Buffer);
+        }
+        let len = d.len().min(MAX_REQUEST - total);
+        if len > 0 {
+            out.push((d.addr(), len));
+            total += len;
+        }
+    }
+    Ok(out)
+}
+
+impl Entropy {
+    pub fn new(config: &EntropyConfig) -> std::io::Result<Self> {
+        Ok(Entropy {
+            acked_features: 0,
+            queue_events: [EventFd::new(libc::EFD_NONBLOCK)?],
+            active: None,
+            limiter: RateLimiter::new(config.limiter)?,
+            metrics: config.metrics.clone(),
+            buf: Vec::new(),
+        })
+    }
+
+    /// Fills every request the guest has made available; true if any was completed.
+    pub fn process_queue(&mut self) -> bool {
+        let Some(mut active) = self.active.take() else {
+            return false;
+        };
+        let mut used_any = false;
+        while let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) {
+            let head = chain.head_index();
+            let used_len = match buffers(&active.mem, chain) {
+                Ok(bufs) => {
+                    let bytes: u64 = bufs.iter().map(|&(_, len)| u64::from(len)).sum();
+                    if !self.limiter.consume(bytes, 1) {
+                        // Back into the ring: filled, once, when the limiter's timer fires.
+                        active.queue.go_to_previous_position();
+                        self.metrics.entropy_rate_limiter_throttled.inc();
+                        break;
+                    }
+                    self.fill(&active.mem, &bufs)
+                }
+                Err(Bad::Buffer) => {
+                    log::debug!("entropy: a request with a buffer the device cannot write");
+                    self.metrics.invalid_reqs_count.inc();
+                    0
+                }
+            };
+            if active.queue.add_used(&active.mem, head, used_len).is_err() {
+                log::debug!("entropy: used ring update failed");
+            }
+            used_any = true;
+        }
+        if used_any {
+            let _ = active.irq.trigger(InterruptKind::Queue);
+        }
+        self.active = Some(active);
+        used_any
+    }
+
+    /// Writes random bytes into `bufs`; returns how many (0 if the host's source failed).
+    fn fill(&mut self, mem: &GuestMemory, bufs: &[(GuestAddress, u32)]) -> u32 {
+        let total: usize = bufs.iter().map(|&(_, len)| len as usize).sum();
+        self.buf.resize(total, 0);
+        if mmds::random_bytes(&mut self.buf).is_err() {
+            self.metrics.host_rng_fails.inc();
+            return 0;
+        }
+        let mut offset = 0usize;
+        for &(addr, len) in bufs {
+            let len = len as usize;
+            // Checked against guest memory when the chain was read.
+            if mem
+                .write_slice(&self.buf[offset..offset + len], addr)
+                .is_err()
+            {
+                break;
+            }
+            offset += len;
+        }
+        self.metrics.entropy_bytes.add(offset as u64);
+        offset as u32
+    }
+
+    /// A new rate limiter; requests held back by the old one are served now.
+    pub fn update_limiter(&mut self, bandwidth: BucketUpdate, ops: BucketUpdate) {
+        self.limiter.update(bandwidth, ops);
+        self.process_queue();
+    }
+
+    fn on_limiter_timer(&mut self) {
+        self.limiter.on_timer();
+        self.metrics.rate_limiter_event_count.inc();
+        self.process_queue();
+    }
+}
+
+impl VirtioDevice for Entropy {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_RNG
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE]
+    }
+
+    fn queue_events(&self) -> &[EventFd] {
+        &self.queue_events
+    }
+
+    fn avail_features(&self) -> u64 {
+        1 << VIRTIO_F_VERSION_1
+    }
+
+    fn set_acked_features(&mut self, features: u64) {
+        self.acked_features = features & self.avail_features();
+    }
+
+    /// virtio-rng has no configuration space.
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemory,
+        queues: Vec<Queue>,
+        irq: Arc<IrqTrigger>,
+    ) -> Result<(), ActivateError> {
+        let found = queues.len();
+        let queue = queues
+            .into_iter()
+            .next()
+            .filter(|_| found == 1)
+            .ok_or(ActivateError::QueueCount { expected: 1, found })?;
+        if !queue.is_valid(&mem) {
+            self.metrics.activate_fails.inc();
+            return Err(ActivateError::InvalidQueue(0));
+        }
+        self.active = Some(Active { mem, queue, irq });
+        // Requests posted before the ioeventfd was armed are filled on the VMM thread (this
+        // runs on a vCPU thread).
+        let _ = self.queue_events[0].write(1);
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        self.active = None;
+        self.acked_features = 0;
+    }
+}
+
+impl MutEventSubscriber for Entropy {
+    fn init(&mut self, ops: &mut EventOps) {
+        for events in [
+            Events::new(&self.queue_events[0], EventSet::IN),
+            Events::new(&self.limiter, EventSet::IN),
+        ] {
+            if let Err(e) = ops.add(events) {
+                self.metrics.entropy_event_fails.inc();
+                log::error!("entropy: cannot watch a descriptor: {e}");
+            }
+        }
+    }
+
+    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        if events.fd() == self.queue_events[0].as_raw_fd() {
+            let _ = self.queue_events[0].read();
+            self.metrics.entropy_event_count.inc();
+            if !self.limiter.is_blocked() {
+                self.process_queue();
+            }
+        } else if events.fd() == self.limiter.as_raw_fd() {
+            self.on_limiter_timer();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
