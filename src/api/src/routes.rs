@@ -33,6 +33,8 @@ enum Route {
     Mmds,
     MmdsConfig,
     Entropy,
+    Balloon,
+    BalloonStats,
     Actions,
     Logger,
     Metrics,
@@ -53,8 +55,8 @@ impl Route {
             (Route::Mmds, _) => &["GET", "PUT", "PATCH"],
             (Route::MmdsConfig | Route::Entropy, _) => &["PUT"],
             (Route::VmState, _) => &["PATCH"],
-            (_, ["balloon"] | ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
-            (_, ["balloon", "statistics"]) => &["GET", "PATCH"],
+            (Route::Balloon, _) | (_, ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
+            (Route::BalloonStats, _) => &["GET", "PATCH"],
             (_, ["balloon", "hinting", "status"]) => &["GET"],
             (_, ["balloon", "hinting", _]) => &["PATCH"],
             (_, ["pmem", _]) => &["PUT", "PATCH"],
@@ -80,9 +82,11 @@ fn route(path: &[&str]) -> Option<Route> {
         ["mmds", "config"] => MmdsConfig,
         ["vsock"] => Later(vmm::config::Later::Vsock),
         ["entropy"] => Entropy,
-        ["balloon"]
-        | ["balloon", "statistics"]
-        | ["balloon", "hinting", "start" | "status" | "stop"] => Later(vmm::config::Later::Balloon),
+        ["balloon"] => Balloon,
+        ["balloon", "statistics"] => BalloonStats,
+        ["balloon", "hinting", "start" | "status" | "stop"] => {
+            Unsupported("free page hinting on the balloon (/balloon/hinting)")
+        }
         ["logger"] => Logger,
         ["metrics"] => Metrics,
         ["snapshot", "create" | "load"] => Later(vmm::config::Later::Snapshots),
@@ -234,6 +238,11 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::Mmds, _) => VmmAction::PatchMmds(body(req, "mmds")?),
         (Route::MmdsConfig, _) => VmmAction::PutMmdsConfig(body::<MmdsConfig>(req, "mmds-config")?),
         (Route::Entropy, _) => VmmAction::PutEntropy(body::<EntropyDeviceConfig>(req, "entropy")?),
+        (Route::Balloon, "GET") => VmmAction::GetBalloon,
+        (Route::Balloon, "PUT") => VmmAction::PutBalloon(body(req, "balloon")?),
+        (Route::Balloon, _) => VmmAction::PatchBalloon(body(req, "balloon")?),
+        (Route::BalloonStats, "GET") => VmmAction::GetBalloonStats,
+        (Route::BalloonStats, _) => VmmAction::PatchBalloonStats(body(req, "balloon")?),
         (Route::Logger, _) => VmmAction::PutLogger(body::<LoggerConfig>(req, "logger")?),
         (Route::Metrics, _) => VmmAction::PutMetrics(body::<MetricsConfig>(req, "metrics")?),
         (Route::Actions, _) => {

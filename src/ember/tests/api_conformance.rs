@@ -165,6 +165,45 @@ fn cases(kernel: &str, disk: &str, log: &str, metrics: &str) -> Vec<Case> {
         },
         Case {
             method: "PUT",
+            path: "/balloon",
+            good: json!({"amount_mib": 8, "deflate_on_oom": true, "stats_polling_interval_s": 1}),
+            wrong_type: (
+                json!({"amount_mib": -1, "deflate_on_oom": true}),
+                "balloon.amount_mib: invalid value: integer `-1`",
+            ),
+            missing: (json!({"amount_mib": 8}), "missing field `deflate_on_oom`"),
+            unknown: json!({"amount_mib": 8, "deflate_on_oom": true, "size": 1}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PATCH",
+            path: "/balloon",
+            good: json!({"amount_mib": 4}),
+            wrong_type: (
+                json!({"amount_mib": "4"}),
+                "balloon.amount_mib: invalid type",
+            ),
+            missing: (json!({}), "missing field `amount_mib`"),
+            unknown: json!({"amount_mib": 4, "deflate_on_oom": false}),
+            before: (204, ""),
+            after: (204, ""),
+        },
+        Case {
+            method: "PATCH",
+            path: "/balloon/statistics",
+            good: json!({"stats_polling_interval_s": 2}),
+            wrong_type: (
+                json!({"stats_polling_interval_s": true}),
+                "balloon.stats_polling_interval_s: invalid type",
+            ),
+            missing: (json!({}), "missing field `stats_polling_interval_s`"),
+            unknown: json!({"stats_polling_interval_s": 2, "now": 1}),
+            before: (204, ""),
+            after: (204, ""),
+        },
+        Case {
+            method: "PUT",
             path: "/metrics",
             good: json!({"metrics_path": metrics}),
             wrong_type: (
@@ -300,6 +339,9 @@ fn every_path_with_a_body_before_and_after_boot() {
         config["entropy"],
         json!({"rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 100}}})
     );
+    let balloon = json!({"amount_mib": 4, "deflate_on_oom": true, "stats_polling_interval_s": 2});
+    assert_eq!(config["balloon"], balloon);
+    assert_eq!(c.get("/balloon").expect(200, "").json(), balloon);
     assert_eq!(config["drives"][0]["path_on_host"], disk.as_str());
 
     c.instance_start();
@@ -313,6 +355,20 @@ fn every_path_with_a_body_before_and_after_boot() {
     }
     c.put("/actions", &json!({"action_type": "InstanceStart"}))
         .expect(400, POST_BOOT);
+    // The balloon after boot: statistics (the test guest has no driver: only the sizes), a
+    // target past guest memory, and statistics turned off.
+    let stats = c.get("/balloon/statistics").expect(200, "").json();
+    assert_eq!(
+        (stats["target_mib"].clone(), stats["actual_mib"].clone()),
+        (json!(4), json!(0))
+    );
+    c.patch("/balloon", &json!({"amount_mib": 100_000}))
+        .expect(400, "more than the guest's memory");
+    c.patch(
+        "/balloon/statistics",
+        &json!({"stats_polling_interval_s": 0}),
+    )
+    .expect(400, "cannot be turned on or off after the microVM started");
     assert_eq!(
         c.get("/machine-config").json(),
         machine,
@@ -470,9 +526,7 @@ fn unknown_paths_wrong_methods_and_later_features() {
     // Paths of features Ember does not have yet: 400 naming the feature.
     for (method, path, feature) in [
         ("PUT", "/vsock", "vsock device"),
-        ("PUT", "/balloon", "balloon device"),
-        ("GET", "/balloon/statistics", "balloon device"),
-        ("PATCH", "/balloon/hinting/start", "balloon device"),
+        ("PATCH", "/balloon/hinting/start", "free page hinting"),
         ("PUT", "/snapshot/create", "snapshots"),
         ("PUT", "/snapshot/load", "snapshots"),
         ("PUT", "/cpu-config", "custom CPU templates"),

@@ -17,6 +17,8 @@
 //!                                           SKIP then COUNT direct-I/O requests of BS
 //!                                           bytes; prints bytes, requests, µs and bytes
 //!                                           per second of the last COUNT
+//!   ember-agent touch MIB                   write to every page of MIB MiB of fresh memory,
+//!                                           then exit (the guest frees it, the host keeps it)
 //!   ember-agent read FILE BYTES [SKIP]      read SKIP then BYTES bytes of FILE (e.g.
 //!                                           /dev/hwrng); prints bytes, µs, bytes per second
 //!                                           and how many distinct byte values the BYTES had
@@ -42,6 +44,7 @@ fn main() {
         ["raw-tcp", ip, port] => raw::flood(ip, port),
         ["dio", mode, dev, bs, count] => dio::run(mode, dev, bs, count, "0"),
         ["dio", mode, dev, bs, count, skip] => dio::run(mode, dev, bs, count, skip),
+        ["touch", mib] => touch(mib),
         ["read", file, bytes] => read_rate(file, bytes, "0"),
         ["read", file, bytes, skip] => read_rate(file, bytes, skip),
         ["http-latency", ip, path, n] => http_latency(ip, path, n),
@@ -58,6 +61,25 @@ fn main() {
 }
 
 type Result<T> = std::result::Result<T, String>;
+
+/// `touch MIB`: makes the guest's kernel back MIB MiB with pages, one write a page.
+fn touch(mib: &str) -> Result<String> {
+    let bytes = usize::try_from(number(mib)? << 20).map_err(|_| "too large".to_string())?;
+    let started = Instant::now();
+    let mut memory: Vec<u8> = Vec::new();
+    memory
+        .try_reserve_exact(bytes)
+        .map_err(|e| format!("cannot allocate {mib} MiB: {e}"))?;
+    memory.resize(bytes, 0);
+    for page in memory.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    let sum: u64 = memory.iter().step_by(4096).map(|&b| u64::from(b)).sum();
+    Ok(format!(
+        "touched {mib} MiB pages {sum} us {}",
+        started.elapsed().as_micros()
+    ))
+}
 
 /// `read FILE BYTES [SKIP]`: plain reads, as a program reading a character device does.
 fn read_rate(file: &str, bytes: &str, skip: &str) -> Result<String> {

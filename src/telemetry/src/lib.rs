@@ -9,5 +9,7 @@ pub mod sink;
 pub mod time;
 
 pub use counter::{Counter, MaxGauge};
-pub use metrics::{ApiMetrics, BlockMetrics, EntropyMetrics, Metrics, NetMetrics, VcpuMetrics};
+pub use metrics::{
+    ApiMetrics, BalloonMetrics, BlockMetrics, EntropyMetrics, Metrics, NetMetrics, VcpuMetrics,
+};
 pub use sink::LineSink;

@@ -67,6 +67,19 @@ counters!(
 );
 
 counters!(
+    /// The balloon (Firecracker's `balloon` section, and `invalid_reqs_count`).
+    BalloonMetrics {
+        activate_fails,
+        inflate_count,
+        deflate_count,
+        stats_updates_count,
+        stats_update_fails,
+        event_fails,
+        invalid_reqs_count,
+    }
+);
+
+counters!(
     /// One virtio-net device.
     NetMetrics {
         activate_fails,
@@ -222,6 +235,7 @@ pub struct Metrics {
     pub api: ApiMetrics,
     pub vcpu: VcpuMetrics,
     pub entropy: Arc<EntropyMetrics>,
+    pub balloon: Arc<BalloonMetrics>,
     blocks: Mutex<Vec<(String, Arc<BlockMetrics>)>>,
     nets: Mutex<Vec<(String, Arc<NetMetrics>)>>,
     /// Metric lines the destination could not take.
@@ -309,6 +323,7 @@ impl Metrics {
         devices(&mut out, "block", &self.blocks, BlockMetrics::take);
         devices(&mut out, "net", &self.nets, NetMetrics::take);
         out.insert("entropy".into(), object(&self.entropy.take()));
+        out.insert("balloon".into(), object(&self.balloon.take()));
         out.insert("vcpu".into(), object(&self.vcpu.take()));
         let mut line = Value::Object(out).to_string();
         line.push('\n');

@@ -10,6 +10,7 @@ use arch::cpuid::Topology;
 use arch::layout::{self, CMDLINE_ADDR, CMDLINE_MAX_SIZE, FIRST_VIRTIO_IRQ, I8042_IRQ, SERIAL_IRQ};
 use arch::{BootProtocol, KernelEntry};
 use devices::legacy::{i8042, BootTimer, Serial, I8042};
+use devices::virtio::balloon::{Balloon, BalloonConfig};
 use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::net::{MmdsLink, Net, NetConfig};
@@ -242,6 +243,21 @@ fn assemble(
         let (addr, irq) = attach_virtio(vm, mem, &mut mmio, rng.clone(), window + slot, slot)?;
         subscribers.push(rng.clone());
         devices.entropy = Some(rng);
+        slot += 1;
+        cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
+    }
+    if let Some(b) = resources.balloon() {
+        let config = BalloonConfig {
+            amount_mib: b.amount_mib,
+            deflate_on_oom: b.deflate_on_oom,
+            stats_polling_interval_s: b.stats_polling_interval_s,
+            metrics: metrics.balloon.clone(),
+        };
+        let balloon = Balloon::new(&config).map_err(BuildError::EventFd)?;
+        let balloon = Arc::new(Mutex::new(balloon));
+        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, balloon.clone(), window + slot, slot)?;
+        subscribers.push(balloon.clone());
+        devices.balloon = Some(balloon);
         cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
     }
 

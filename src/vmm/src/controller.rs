@@ -9,7 +9,8 @@ use event_manager::{EventManager, SubscriberOps};
 
 use crate::builder::{self, Console};
 use crate::config::{
-    ConfigError, LoggerConfig, PartialDrive, PartialNetworkInterface, RateLimiterConfig,
+    BalloonStatsUpdate, BalloonUpdate, ConfigError, LoggerConfig, PartialDrive,
+    PartialNetworkInterface, RateLimiterConfig,
 };
 use crate::event_loop::{Subscriber, Wakeup};
 use crate::metrics_writer::MetricsWriter;
@@ -296,6 +297,7 @@ impl Controller {
             | VmmAction::PutNetworkInterface(_)
             | VmmAction::PutMmdsConfig(_)
             | VmmAction::PutEntropy(_)
+            | VmmAction::PutBalloon(_)
             | VmmAction::PutLogger(_)
             | VmmAction::PutMetrics(_)
             | VmmAction::InstanceStart
@@ -328,6 +330,14 @@ impl Controller {
             }
             VmmAction::PutMmdsConfig(config) => empty(self.resources.set_mmds_config(config)),
             VmmAction::PutEntropy(config) => empty(self.resources.set_entropy(config)),
+            VmmAction::PutBalloon(config) => empty(self.resources.set_balloon(config)),
+            VmmAction::PatchBalloon(update) => self.patch_balloon(update),
+            VmmAction::PatchBalloonStats(update) => self.patch_balloon_stats(update),
+            VmmAction::GetBalloon => match self.resources.balloon() {
+                Some(b) => Ok(VmmData::Balloon(b.clone())),
+                None => Err(ConfigError::NoBalloon.into()),
+            },
+            VmmAction::GetBalloonStats => self.balloon_stats(),
             VmmAction::PutMmds(value) => {
                 mmds::lock(&self.mmds).put(value)?;
                 Ok(VmmData::Empty)
@@ -365,6 +375,37 @@ impl Controller {
                 Ok(VmmData::Empty)
             }
         }
+    }
+
+    /// `PATCH /balloon`: the new target is recorded, and given to the running balloon.
+    fn patch_balloon(&mut self, update: BalloonUpdate) -> ActionResult {
+        self.resources.patch_balloon(update)?;
+        if let Some(balloon) = self.vm.as_ref().and_then(|vm| vm.balloon()) {
+            devices::bus::lock(balloon).set_target_mib(update.amount_mib);
+        }
+        Ok(VmmData::Empty)
+    }
+
+    /// `PATCH /balloon/statistics`.
+    fn patch_balloon_stats(&mut self, update: BalloonStatsUpdate) -> ActionResult {
+        let booted = self.vm.is_some();
+        self.resources.patch_balloon_stats(update, booted)?;
+        if let Some(balloon) = self.vm.as_ref().and_then(|vm| vm.balloon()) {
+            devices::bus::lock(balloon).set_stats_interval(update.stats_polling_interval_s);
+        }
+        Ok(VmmData::Empty)
+    }
+
+    /// `GET /balloon/statistics`: the guest's latest report, once the balloon runs.
+    fn balloon_stats(&mut self) -> ActionResult {
+        let config = self.resources.balloon().ok_or(ConfigError::NoBalloon)?;
+        if config.stats_polling_interval_s == 0 {
+            return Err(ConfigError::BalloonStatsDisabled.into());
+        }
+        let vm = self.running()?;
+        let balloon = vm.balloon().ok_or(ConfigError::NoBalloon)?;
+        let stats = devices::bus::lock(balloon).stats();
+        Ok(VmmData::BalloonStats(stats))
     }
 
     fn running(&mut self) -> Result<&mut MicroVm, ActionError> {

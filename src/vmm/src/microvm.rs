@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use devices::legacy::I8042;
+use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
 use devices::virtio::net::Net;
 use devices::virtio::rng::Entropy;
@@ -32,6 +33,7 @@ pub struct Devices {
     pub blocks: Vec<(String, Arc<Mutex<Block>>)>,
     pub nets: Vec<(String, Arc<Mutex<Net>>)>,
     pub entropy: Option<Arc<Mutex<Entropy>>>,
+    pub balloon: Option<Arc<Mutex<Balloon>>>,
 }
 
 fn find<'a, T>(list: &'a [(String, Arc<Mutex<T>>)], id: &str) -> Option<&'a Arc<Mutex<T>>> {
@@ -100,6 +102,10 @@ impl MicroVm {
             self.handles.push(vcpu.start(filters.clone())?);
         }
         Ok(())
+    }
+
+    pub fn balloon(&self) -> Option<&Arc<Mutex<Balloon>>> {
+        self.devices.balloon.as_ref()
     }
 
     /// The block device of drive `id`.

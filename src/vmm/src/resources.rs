@@ -3,9 +3,10 @@
 //! time through the same `set_*` methods, so both see the same checks.
 
 use crate::config::{
-    parse_json, BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig, LoggerConfig,
-    MachineConfig, MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive,
-    PartialNetworkInterface, RateLimiterConfig, VmConfig,
+    check_amount, parse_json, BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate,
+    BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig, LoggerConfig, MachineConfig,
+    MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
+    RateLimiterConfig, VmConfig,
 };
 
 /// virtio-mmio devices (drives and network interfaces) get IRQs 5..=23.
@@ -22,6 +23,8 @@ pub struct VmResources {
     pub mmds_config: Option<MmdsConfig>,
     /// The entropy device, if there is one.
     entropy: Option<EntropyDeviceConfig>,
+    /// The balloon, if there is one; its target follows `PATCH /balloon` after boot too.
+    balloon: Option<BalloonDeviceConfig>,
     /// The config file's `logger` and `metrics`, applied when ember starts.
     pub logger: Option<LoggerConfig>,
     pub metrics: Option<MetricsConfig>,
@@ -53,6 +56,9 @@ impl VmResources {
         }
         if let Some(entropy) = config.entropy {
             resources.set_entropy(entropy)?;
+        }
+        if let Some(balloon) = config.balloon {
+            resources.set_balloon(balloon)?;
         }
         resources.logger = config.logger;
         resources.metrics = config.metrics;
@@ -110,7 +116,7 @@ impl VmResources {
 
     /// Devices other than drives and interfaces that take an interrupt line.
     fn others(&self) -> usize {
-        usize::from(self.entropy.is_some())
+        usize::from(self.entropy.is_some()) + usize::from(self.balloon.is_some())
     }
 
     fn check_device_count(&self, count: usize) -> Result<(), ConfigError> {
@@ -189,7 +195,8 @@ impl VmResources {
     pub fn set_entropy(&mut self, config: EntropyDeviceConfig) -> Result<(), ConfigError> {
         config.validate()?;
         if self.entropy.is_none() {
-            self.check_device_count(self.drives.len() + self.network_interfaces.len() + 1)?;
+            let count = self.drives.len() + self.network_interfaces.len() + self.others() + 1;
+            self.check_device_count(count)?;
         }
         self.entropy = Some(config);
         Ok(())
@@ -197,6 +204,48 @@ impl VmResources {
 
     pub fn entropy(&self) -> Option<&EntropyDeviceConfig> {
         self.entropy.as_ref()
+    }
+
+    /// `PUT /balloon`: adds the balloon, or replaces its configuration.
+    pub fn set_balloon(&mut self, config: BalloonDeviceConfig) -> Result<(), ConfigError> {
+        config.validate(self.machine_config.mem_size_mib)?;
+        if self.balloon.is_none() {
+            let count = self.drives.len() + self.network_interfaces.len() + self.others() + 1;
+            self.check_device_count(count)?;
+        }
+        self.balloon = Some(config);
+        Ok(())
+    }
+
+    /// `PATCH /balloon`: a new target (checked against guest memory).
+    pub fn patch_balloon(&mut self, update: BalloonUpdate) -> Result<(), ConfigError> {
+        let mem = self.machine_config.mem_size_mib;
+        let balloon = self.balloon.as_mut().ok_or(ConfigError::NoBalloon)?;
+        check_amount(update.amount_mib, mem)?;
+        balloon.amount_mib = update.amount_mib;
+        Ok(())
+    }
+
+    /// `PATCH /balloon/statistics`; after boot only to another non-zero interval.
+    pub fn patch_balloon_stats(
+        &mut self,
+        update: BalloonStatsUpdate,
+        booted: bool,
+    ) -> Result<(), ConfigError> {
+        let balloon = self.balloon.as_mut().ok_or(ConfigError::NoBalloon)?;
+        let (was, now) = (
+            balloon.stats_polling_interval_s,
+            update.stats_polling_interval_s,
+        );
+        if booted && (was == 0) != (now == 0) {
+            return Err(ConfigError::BalloonStatsOnOff);
+        }
+        balloon.stats_polling_interval_s = now;
+        Ok(())
+    }
+
+    pub fn balloon(&self) -> Option<&BalloonDeviceConfig> {
+        self.balloon.as_ref()
     }
 
     /// Records a `PATCH` that the running drive took, for `GET /vm/config`.
@@ -248,6 +297,7 @@ impl VmResources {
             self.network_interfaces.clone(),
             self.mmds_config.clone(),
             self.entropy.clone(),
+            self.balloon.clone(),
         )
     }
 }

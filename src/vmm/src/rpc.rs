@@ -9,9 +9,10 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{
-    BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig, Later, LoggerConfig,
-    MachineConfig, MachineConfigUpdate, MetricsConfig, MmdsConfig, NetworkInterfaceConfig,
-    PartialDrive, PartialNetworkInterface, VmConfig,
+    BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate, BootSourceConfig, ConfigError,
+    DriveConfig, EntropyDeviceConfig, Later, LoggerConfig, MachineConfig, MachineConfigUpdate,
+    MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
+    VmConfig,
 };
 
 /// How long the API thread busy-waits for an answer before it sleeps.
@@ -34,6 +35,11 @@ pub enum VmmAction {
     PatchNetworkInterface(PartialNetworkInterface),
     PutMmdsConfig(MmdsConfig),
     PutEntropy(EntropyDeviceConfig),
+    PutBalloon(BalloonDeviceConfig),
+    PatchBalloon(BalloonUpdate),
+    PatchBalloonStats(BalloonStatsUpdate),
+    GetBalloon,
+    GetBalloonStats,
     PutMmds(serde_json::Value),
     PatchMmds(serde_json::Value),
     GetMmds,
@@ -71,6 +77,8 @@ pub enum VmmData {
     MachineConfig(MachineConfig),
     FullConfig(Box<VmConfig>),
     Mmds(serde_json::Value),
+    Balloon(BalloonDeviceConfig),
+    BalloonStats(devices::virtio::balloon::BalloonStats),
 }
 
 /// A refused or failed request; the API shows it as `{"fault_message": "<this sentence>"}`.

@@ -2,6 +2,7 @@
 //! guest and hands each activated device ([`device::VirtioDevice`]) its queues, guest memory
 //! and an interrupt line ([`interrupt`]).
 
+pub mod balloon;
 pub mod block;
 pub mod device;
 pub mod interrupt;

@@ -3,6 +3,7 @@
 //! [`crate::resources`]) so that the config file and the REST API reject the same input with
 //! the same sentence. Unknown keys are refused at every level.
 
+mod balloon;
 mod boot;
 mod drive;
 mod entropy;
@@ -12,6 +13,7 @@ mod net;
 mod rate_limiter;
 mod telemetry;
 
+pub use balloon::{check_amount, BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate};
 pub use boot::BootSourceConfig;
 pub use drive::{valid_id, CacheType, DriveConfig, IoEngine, PartialDrive};
 pub use entropy::EntropyDeviceConfig;
@@ -54,8 +56,8 @@ pub struct VmConfig {
     /// `null` asks for no device, as in Firecracker's `GET /vm/config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<EntropyDeviceConfig>,
-    #[serde(default, skip_serializing)]
-    pub balloon: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonDeviceConfig>,
     /// Applied when ember starts; not part of `GET /vm/config`, as in Firecracker.
     #[serde(default, skip_serializing)]
     pub logger: Option<LoggerConfig>,
@@ -78,6 +80,7 @@ impl VmConfig {
         network_interfaces: Vec<NetworkInterfaceConfig>,
         mmds_config: Option<MmdsConfig>,
         entropy: Option<EntropyDeviceConfig>,
+        balloon: Option<BalloonDeviceConfig>,
     ) -> Self {
         VmConfig {
             boot_source,
@@ -87,7 +90,7 @@ impl VmConfig {
             mmds_config,
             vsock: None,
             entropy,
-            balloon: None,
+            balloon,
             logger: None,
             metrics: None,
             cpu_config: None,
@@ -103,11 +106,8 @@ impl VmConfig {
             Some(serde_json::Value::Array(a)) => !a.is_empty(),
             Some(_) => true,
         };
-        let sections = [(&self.vsock, Later::Vsock), (&self.balloon, Later::Balloon)];
-        for (section, later) in sections {
-            if asks(section) {
-                return Err(ConfigError::NotYet(later));
-            }
+        if asks(&self.vsock) {
+            return Err(ConfigError::NotYet(Later::Vsock));
         }
         if asks(&self.cpu_config) {
             return Err(ConfigError::Unsupported(
@@ -130,8 +130,6 @@ impl VmConfig {
 pub enum Later {
     #[error("the vsock device is not available in Ember yet")]
     Vsock,
-    #[error("the balloon device is not available in Ember yet")]
-    Balloon,
     #[error("snapshots are not available in Ember yet")]
     Snapshots,
 }
@@ -197,6 +195,17 @@ pub enum ConfigError {
     NotYet(Later),
     #[error("Ember does not support {0}")]
     Unsupported(&'static str),
+    #[error("the balloon's amount_mib {amount_mib} is more than the guest's memory ({mem_size_mib} MiB)")]
+    BalloonTooLarge {
+        amount_mib: u32,
+        mem_size_mib: usize,
+    },
+    #[error("the balloon device is not configured")]
+    NoBalloon,
+    #[error("the balloon's statistics are not enabled (stats_polling_interval_s was 0 when the microVM started)")]
+    BalloonStatsDisabled,
+    #[error("the balloon's statistics cannot be turned on or off after the microVM started")]
+    BalloonStatsOnOff,
 }
 
 /// Parses JSON into `T`, naming the field path, line and column of the first error.

@@ -1,0 +1,388 @@
+//! virtio-balloon: the host sets a target (`num_pages`); the guest's driver gives pages to
+//! the balloon through the inflate queue, and Ember hands them back to the host
+//! (`madvise(MADV_DONTNEED)` on the guest RAM mapping: the host frees them, and a later guest
+//! access gets a zero page). Pages leaving through the deflate queue need nothing. With a
+//! polling interval, the statistics queue's one buffer is handed back to the driver each
+//! interval, and what it returns with is the guest's memory statistics. Runs on the VMM
+//! thread.
+
+mod stats;
+
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use event_manager::{EventOps, Events, MutEventSubscriber};
+use telemetry::BalloonMetrics;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::timerfd::TimerFd;
+
+pub use stats::BalloonStats;
+
+use crate::virtio::device::read_config_bytes;
+use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
+
+pub const QUEUE_SIZE: u16 = 256;
+/// The balloon's unit: 4 KiB pages, whatever the guest's page size.
+const PFN_SHIFT: u64 = 12;
+const PAGES_PER_MIB: u32 = 256;
+const F_STATS_VQ: u64 = 1;
+const F_DEFLATE_ON_OOM: u64 = 2;
+const INFLATE: usize = 0;
+const DEFLATE: usize = 1;
+const STATS: usize = 2;
+
+/// What the builder needs to make the balloon.
+#[derive(Debug, Clone)]
+pub struct BalloonConfig {
+    pub amount_mib: u32,
+    pub deflate_on_oom: bool,
+    /// 0: no statistics queue.
+    pub stats_polling_interval_s: u16,
+    pub metrics: Arc<BalloonMetrics>,
+}
+
+struct Active {
+    mem: GuestMemory,
+    queues: Vec<Queue>,
+    irq: Arc<IrqTrigger>,
+}
+
+pub struct Balloon {
+    avail_features: u64,
+    acked_features: u64,
+    /// Pages the host wants in the balloon (`num_pages`).
+    target_pages: u32,
+    /// Pages the driver says it holds (`actual`, written by the driver).
+    actual_pages: u32,
+    config_generation: u32,
+    stats_interval_s: u16,
+    queue_events: Vec<EventFd>,
+    stats_timer: TimerFd,
+    /// The statistics buffer the driver left with the device, to hand back at the next tick.
+    stats_head: Option<u16>,
+    stats: BalloonStats,
+    active: Option<Active>,
+    metrics: Arc<BalloonMetrics>,
+}
+
+impl std::fmt::Debug for Balloon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Balloon")
+            .field("target_pages", &self.target_pages)
+            .field("actual_pages", &self.actual_pages)
+            .finish()
+    }
+}
+
+/// Gives the host back the guest pages in `[addr, addr + len)` (page-aligned, inside one
+/// region); false if the range is not guest RAM.
+fn discard(mem: &GuestMemory, addr: GuestAddress, len: u64) -> bool {
+    let Some(region) = mem.find_region(addr) else {
+        return false;
+    };
+    let offset = addr.0 - region.start_addr().0;
+    if offset.checked_add(len).is_none_or(|end| end > region.len()) {
+        return false;
+    }
+    let Ok(host) = region.get_host_address(vm_memory::MemoryRegionAddress(offset)) else {
+        return false;
+    };
+    // SAFETY: [host, host + len) lies inside this region's private anonymous mapping, which
+    // Ember made and keeps for the VM's life. MADV_DONTNEED only drops its pages: the next
+    // access, by the guest or by Ember, sees zeros. No Rust reference points into guest RAM.
+    unsafe { libc::madvise(host.cast(), len as usize, libc::MADV_DONTNEED) == 0 }
+}
+
+impl Balloon {
+    pub fn new(config: &BalloonConfig) -> std::io::Result<Self> {
+        let mut avail_features = 1u64 << VIRTIO_F_VERSION_1;
+        let mut queues = 2;
+        if config.stats_polling_interval_s > 0 {
+            avail_features |= 1 << F_STATS_VQ;
+            queues = 3;
+        }
+        if config.deflate_on_oom {
+            avail_features |= 1 << F_DEFLATE_ON_OOM;
+        }
+        Ok(Balloon {
+            avail_features,
+            acked_features: 0,
+            target_pages: config.amount_mib.saturating_mul(PAGES_PER_MIB),
+            actual_pages: 0,
+            config_generation: 0,
+            stats_interval_s: config.stats_polling_interval_s,
+            queue_events: (0..queues)
+                .map(|_| EventFd::new(libc::EFD_NONBLOCK))
+                .collect::<std::io::Result<_>>()?,
+            stats_timer: TimerFd::new().map_err(std::io::Error::from)?,
+            stats_head: None,
+            stats: BalloonStats::default(),
+            active: None,
+            metrics: config.metrics.clone(),
+        })
+    }
+
+    /// `PATCH /balloon`: a new target; the driver is told through a configuration interrupt.
+    pub fn set_target_mib(&mut self, amount_mib: u32) {
+        self.target_pages = amount_mib.saturating_mul(PAGES_PER_MIB);
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if let Some(active) = &self.active {
+            let _ = active.irq.trigger(InterruptKind::Config);
+        }
+    }
+
+    /// `PATCH /balloon/statistics` after boot (never from or to 0): the next statistics now.
+    pub fn set_stats_interval(&mut self, seconds: u16) {
+        self.stats_interval_s = seconds;
+        self.request_stats();
+    }
+
+    /// The latest statistics with the balloon's own sizes.
+    pub fn stats(&self) -> BalloonStats {
+        BalloonStats {
+            target_pages: self.target_pages,
+            actual_pages: self.actual_pages,
+            target_mib: self.target_pages / PAGES_PER_MIB,
+            actual_mib: self.actual_pages / PAGES_PER_MIB,
+            ..self.stats.clone()
+        }
+    }
+
+    /// Each page number in each inflate chain is given back to the host; true if any chain.
+    pub fn process_inflate(&mut self) -> bool {
+        self.process_pfns(INFLATE)
+    }
+
+    fn process_pfns(&mut self, queue: usize) -> bool {
+        let Some(mut active) = self.active.take() else {
+            return false;
+        };
+        let mut used_any = false;
+        while let Some(chain) = active.queues[queue].pop_descriptor_chain(&active.mem) {
+            let head = chain.head_index();
+            for desc in chain {
+                if desc.is_write_only() {
+                    continue;
+                }
+                // The page numbers, as little-endian u32s; a short tail is ignored.
+                let mut run: Option<(u64, u64)> = None;
+                for i in 0..u64::from(desc.len() / 4) {
+                    let Some(at) = desc.addr().checked_add(i * 4) else {
+                        break;
+                    };
+                    let Ok(pfn) = active.mem.read_obj::<u32>(at) else {
+                        self.metrics.invalid_reqs_count.inc();
+                        break;
+                    };
+                    if queue == DEFLATE {
+                        self.metrics.deflate_count.inc();
+                        continue;
+                    }
+                    let page = u64::from(pfn) << PFN_SHIFT;
+                    run = match run {
+                        // Consecutive pages go in one madvise.
+                        Some((start, len)) if start + len == page => Some((start, len + 4096)),
+                        Some((start, len)) => {
+                            self.give_back(&active.mem, start, len);
+                            Some((page, 4096))
+                        }
+                        None => Some((page, 4096)),
+                    };
+                }
+                if let Some((start, len)) = run {
+                    self.give_back(&active.mem, start, len);
+                }
+            }
+            let _ = active.queues[queue].add_used(&active.mem, head, 0);
+            used_any = true;
+        }
+        if used_any {
+            let _ = active.irq.trigger(InterruptKind::Queue);
+        }
+        self.active = Some(active);
+        used_any
+    }
+
+    fn give_back(&self, mem: &GuestMemory, start: u64, len: u64) {
+        match discard(mem, GuestAddress(start), len) {
+            true => self.metrics.inflate_count.add(len >> PFN_SHIFT),
+            false => self.metrics.invalid_reqs_count.inc(),
+        }
+    }
+
+    /// The driver (re)posted its statistics buffer: read it, keep it until the next tick.
+    fn process_stats(&mut self) {
+        let Some(mut active) = self.active.take() else {
+            return;
+        };
+        while let Some(chain) = active.queues[STATS].pop_descriptor_chain(&active.mem) {
+            let head = chain.head_index();
+            if let Some(previous) = self.stats_head.replace(head) {
+                // Two buffers at once: hand the older back rather than keep it forever.
+                let _ = active.queues[STATS].add_used(&active.mem, previous, 0);
+            }
+            let mut updated = false;
+            for desc in chain.filter(|d| !d.is_write_only()) {
+                updated |= self.stats.read_from(&active.mem, desc.addr(), desc.len());
+            }
+            match updated {
+                true => self.metrics.stats_updates_count.inc(),
+                false => self.metrics.stats_update_fails.inc(),
+            }
+        }
+        self.active = Some(active);
+        if !self.stats_timer.is_armed().unwrap_or(true) {
+            self.arm_stats_timer();
+        }
+    }
+
+    fn arm_stats_timer(&mut self) {
+        if self.stats_interval_s > 0 {
+            let period = Duration::from_secs(u64::from(self.stats_interval_s));
+            let _ = self.stats_timer.reset(period, None);
+        }
+    }
+
+    /// A tick: give the statistics buffer back, so the driver refills it.
+    fn request_stats(&mut self) {
+        self.arm_stats_timer();
+        let (Some(active), Some(head)) = (&mut self.active, self.stats_head.take()) else {
+            return;
+        };
+        let _ = active.queues[STATS].add_used(&active.mem, head, 0);
+        let _ = active.irq.trigger(InterruptKind::Queue);
+    }
+}
+
+impl VirtioDevice for Balloon {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BALLOON
+    }
+
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_SIZE; 3][..self.queue_events.len()]
+    }
+
+    fn queue_events(&self) -> &[EventFd] {
+        &self.queue_events
+    }
+
+    fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+
+    fn set_acked_features(&mut self, features: u64) {
+        self.acked_features = features & self.avail_features;
+    }
+
+    /// `num_pages` then `actual`, both little-endian u32.
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        let mut space = self.target_pages.to_le_bytes().to_vec();
+        space.extend_from_slice(&self.actual_pages.to_le_bytes());
+        read_config_bytes(&space, offset, data);
+    }
+
+    fn config_generation(&self) -> u32 {
+        self.config_generation
+    }
+
+    /// The driver writes `actual` (offset 4) as it inflates and deflates.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        let mut actual = self.actual_pages.to_le_bytes();
+        for (i, byte) in data.iter().enumerate() {
+            if let Some(slot) = offset
+                .checked_add(i as u64)
+                .and_then(|o| o.checked_sub(4))
+                .and_then(|o| actual.get_mut(o as usize))
+            {
+                *slot = *byte;
+            }
+        }
+        self.actual_pages = u32::from_le_bytes(actual);
+    }
+
+    fn activate(
+        &mut self,
+        mem: GuestMemory,
+        queues: Vec<Queue>,
+        irq: Arc<IrqTrigger>,
+    ) -> Result<(), ActivateError> {
+        let expected = self.queue_events.len();
+        if queues.len() != expected {
+            self.metrics.activate_fails.inc();
+            return Err(ActivateError::QueueCount {
+                expected,
+                found: queues.len(),
+            });
+        }
+        if let Some(bad) = queues.iter().position(|q| !q.is_valid(&mem)) {
+            self.metrics.activate_fails.inc();
+            return Err(ActivateError::InvalidQueue(bad));
+        }
+        self.active = Some(Active { mem, queues, irq });
+        // Work queued before the ioeventfds were armed is done on the VMM thread (this runs on
+        // a vCPU thread).
+        // (The statistics timer is armed there too, when the driver's first buffer arrives.)
+        for evt in &self.queue_events {
+            let _ = evt.write(1);
+        }
+        Ok(())
+    }
+
+    /// (On a vCPU thread: the statistics timer is left to fire once more and find no driver.)
+    fn reset(&mut self) {
+        self.active = None;
+        self.acked_features = 0;
+        self.stats_head = None;
+    }
+}
+
+impl MutEventSubscriber for Balloon {
+    fn init(&mut self, ops: &mut EventOps) {
+        let fds = self
+            .queue_events
+            .iter()
+            .map(|e| Events::new(e, EventSet::IN))
+            .chain(std::iter::once(Events::new(
+                &self.stats_timer,
+                EventSet::IN,
+            )))
+            .collect::<Vec<_>>();
+        for events in fds {
+            if let Err(e) = ops.add(events) {
+                self.metrics.event_fails.inc();
+                log::error!("balloon: cannot watch a descriptor: {e}");
+            }
+        }
+    }
+
+    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        let fd = events.fd();
+        if fd == self.stats_timer.as_raw_fd() {
+            let _ = self.stats_timer.wait();
+            if self.active.is_some() {
+                self.request_stats();
+            }
+            return;
+        }
+        let Some(queue) = self.queue_events.iter().position(|e| e.as_raw_fd() == fd) else {
+            return;
+        };
+        let _ = self.queue_events[queue].read();
+        match queue {
+            INFLATE | DEFLATE => {
+                self.process_pfns(queue);
+            }
+            _ => self.process_stats(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,59 @@
+//! `balloon`: the memory balloon (Firecracker's `Balloon`, `BalloonUpdate` and
+//! `BalloonStatsUpdate` bodies).
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonDeviceConfig {
+    pub amount_mib: u32,
+    pub deflate_on_oom: bool,
+    #[serde(default)]
+    pub stats_polling_interval_s: u16,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub free_page_hinting: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub free_page_reporting: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
+}
+
+/// `PATCH /balloon`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonUpdate {
+    pub amount_mib: u32,
+}
+
+/// `PATCH /balloon/statistics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonStatsUpdate {
+    pub stats_polling_interval_s: u16,
+}
+
+impl BalloonDeviceConfig {
+    /// The target fits in guest RAM, and no feature Ember lacks is asked for.
+    pub fn validate(&self, mem_size_mib: usize) -> Result<(), ConfigError> {
+        if self.free_page_hinting || self.free_page_reporting {
+            return Err(ConfigError::Unsupported(
+                "free page hinting and reporting on the balloon",
+            ));
+        }
+        check_amount(self.amount_mib, mem_size_mib)
+    }
+}
+
+pub fn check_amount(amount_mib: u32, mem_size_mib: usize) -> Result<(), ConfigError> {
+    match amount_mib as usize > mem_size_mib {
+        true => Err(ConfigError::BalloonTooLarge {
+            amount_mib,
+            mem_size_mib,
+        }),
+        false => Ok(()),
+    }
+}
