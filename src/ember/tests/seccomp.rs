@@ -60,7 +60,8 @@ fn every_thread_runs_under_its_filter_through_a_whole_run() {
     }
     let s = Scratch::new("seccomp-run");
     let metrics = s.path("metrics.json");
-    let mut ember = Ember::start(&s, &["--metrics-path", metrics.to_str().unwrap()]);
+    let metrics_arg = metrics.to_str().unwrap();
+    let mut ember = Ember::start(&s, &["--metrics-path", metrics_arg, "--level", "Debug"]);
     let pid = ember.child.id();
     let mut c = ember.client();
     // Before boot only the API thread is filtered: the VMM thread still opens files, TAPs
@@ -134,7 +135,8 @@ fn a_guest_that_runs_to_its_end_exits_cleanly_under_the_filters() {
         return;
     }
     let s = Scratch::new("seccomp-end");
-    let mut ember = Ember::start(&s, &[]);
+    // Info: at exit ember reads KVM's per-vCPU counters and logs them.
+    let mut ember = Ember::start(&s, &["--level", "Info"]);
     let mut c = ember.client();
     configure(&mut c, &s, 2, "");
     c.instance_start();
