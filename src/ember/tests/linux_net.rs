@@ -42,18 +42,7 @@ fn start_linux(
 ) -> (Ember, Client) {
     let ember = Ember::start_in(s, &[], Some(&ns.name));
     let mut c = ember.client();
-    c.configure(
-        &json!({"vcpu_count": 2, "mem_size_mib": 256}),
-        &json!({"kernel_image_path": img.file("vmlinux"),
-                "boot_args": format!("{BASE_ARGS} ember_cmd=\"{cmd}\"")}),
-        &[],
-    );
-    c.put(
-        "/drives/rootfs",
-        &json!({"drive_id": "rootfs", "path_on_host": img.file("rootfs.ext4"),
-                "is_root_device": true, "is_read_only": true}),
-    )
-    .expect(204, "");
+    configure(&mut c, img, 2, 256, cmd);
     for iface in ifaces {
         let id = iface["iface_id"].as_str().unwrap();
         c.put(&format!("/network-interfaces/{id}"), iface)

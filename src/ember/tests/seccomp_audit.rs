@@ -113,18 +113,7 @@ fn every_system_call_of_a_full_run_is_in_its_threads_filter() {
                ember-agent dio read /dev/vdb 65536 16 && echo read-ok; \
                echo patch-me; sleep 3; \
                ember-agent dio write /dev/vdb 4096 4 && echo write-ok";
-    c.configure(
-        &json!({"vcpu_count": 2, "mem_size_mib": 256}),
-        &json!({"kernel_image_path": img.file("vmlinux"),
-                "boot_args": format!("{BASE_ARGS} ember_cmd=\"{cmd}\"")}),
-        &[],
-    );
-    c.put(
-        "/drives/rootfs",
-        &json!({"drive_id": "rootfs", "path_on_host": img.file("rootfs.ext4"),
-                "is_root_device": true, "is_read_only": true}),
-    )
-    .expect(204, "");
+    configure(&mut c, &img, 2, 256, cmd);
     c.put(
         "/drives/data",
         &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false,

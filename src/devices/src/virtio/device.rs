@@ -59,3 +59,25 @@ pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
         data[..n].copy_from_slice(&bytes[..n]);
     }
 }
+
+/// The driver's queues if there are `expected` of them and each lies in guest memory;
+/// `fails` counts a refusal for an invalid queue (the device's `activate_fails`).
+pub fn checked_queues(
+    mem: &GuestMemory,
+    queues: Vec<Queue>,
+    expected: usize,
+    fails: &telemetry::Counter,
+) -> Result<Vec<Queue>, ActivateError> {
+    use virtio_queue::QueueT;
+    if queues.len() != expected {
+        return Err(ActivateError::QueueCount {
+            expected,
+            found: queues.len(),
+        });
+    }
+    if let Some(bad) = queues.iter().position(|q| !q.is_valid(mem)) {
+        fails.inc();
+        return Err(ActivateError::InvalidQueue(bad));
+    }
+    Ok(queues)
+}

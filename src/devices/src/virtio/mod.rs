@@ -9,6 +9,8 @@ pub mod interrupt;
 pub mod mmio;
 pub mod net;
 pub mod rng;
+#[cfg(test)]
+mod test_utils;
 
 pub use device::{ActivateError, VirtioDevice};
 pub use interrupt::{InterruptKind, IrqTrigger};

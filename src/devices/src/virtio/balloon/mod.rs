@@ -24,7 +24,7 @@ use vmm_sys_util::timerfd::TimerFd;
 
 pub use stats::BalloonStats;
 
-use crate::virtio::device::read_config_bytes;
+use crate::virtio::device::{checked_queues, read_config_bytes};
 use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
@@ -314,17 +314,7 @@ impl VirtioDevice for Balloon {
         irq: Arc<IrqTrigger>,
     ) -> Result<(), ActivateError> {
         let expected = self.queue_events.len();
-        if queues.len() != expected {
-            self.metrics.activate_fails.inc();
-            return Err(ActivateError::QueueCount {
-                expected,
-                found: queues.len(),
-            });
-        }
-        if let Some(bad) = queues.iter().position(|q| !q.is_valid(&mem)) {
-            self.metrics.activate_fails.inc();
-            return Err(ActivateError::InvalidQueue(bad));
-        }
+        let queues = checked_queues(&mem, queues, expected, &self.metrics.activate_fails)?;
         self.active = Some(Active { mem, queues, irq });
         // Work queued before the ioeventfds were armed is done on the VMM thread (this runs on
         // a vCPU thread).

@@ -22,7 +22,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::request::{Request, RequestType, SECTOR_SIZE};
 use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
-use crate::virtio::device::read_config_bytes;
+use crate::virtio::device::{checked_queues, read_config_bytes};
 use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
@@ -375,16 +375,8 @@ impl VirtioDevice for Block {
         queues: Vec<Queue>,
         irq: Arc<IrqTrigger>,
     ) -> Result<(), ActivateError> {
-        let found = queues.len();
-        let queue = queues
-            .into_iter()
-            .next()
-            .filter(|_| found == 1)
-            .ok_or(ActivateError::QueueCount { expected: 1, found })?;
-        if !queue.is_valid(&mem) {
-            self.metrics.activate_fails.inc();
-            return Err(ActivateError::InvalidQueue(0));
-        }
+        let mut queues = checked_queues(&mem, queues, 1, &self.metrics.activate_fails)?;
+        let queue = queues.remove(0);
         self.active = Some(Active { mem, queue, irq });
         // Requests made before the ioeventfd was armed are served by the VMM thread: this
         // runs on a vCPU thread, whose seccomp filter allows no disk I/O.

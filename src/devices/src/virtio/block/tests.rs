@@ -17,6 +17,7 @@ use telemetry::BlockMetrics;
 
 use super::{Block, BlockConfig, CacheType, Request, RequestError, RequestType};
 use crate::rate_limiter::{BucketSpec, BucketUpdate, LimiterSpec};
+use crate::virtio::test_utils::used;
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const NEXT: u16 = 1;
@@ -377,19 +378,6 @@ fn parse_checks_direction_and_layout() {
 }
 
 /// The used ring's (head, len) elements so far.
-fn used(mem: &GuestMemory, mq: &MockSplitQueue<GuestMemory>) -> Vec<(u32, u32)> {
-    let used_idx: u16 = mem.read_obj(GuestAddress(mq.used_addr().0 + 2)).unwrap();
-    (0..used_idx)
-        .map(|i| {
-            let at = mq.used_addr().0 + 4 + 8 * u64::from(i);
-            (
-                mem.read_obj(GuestAddress(at)).unwrap(),
-                mem.read_obj(GuestAddress(at + 4)).unwrap(),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
     let contents: Vec<u8> = (0..4096u32).map(|i| (i / 512) as u8).collect();

@@ -15,6 +15,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
+use crate::virtio::device::checked_queues;
 use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
@@ -197,16 +198,8 @@ impl VirtioDevice for Entropy {
         queues: Vec<Queue>,
         irq: Arc<IrqTrigger>,
     ) -> Result<(), ActivateError> {
-        let found = queues.len();
-        let queue = queues
-            .into_iter()
-            .next()
-            .filter(|_| found == 1)
-            .ok_or(ActivateError::QueueCount { expected: 1, found })?;
-        if !queue.is_valid(&mem) {
-            self.metrics.activate_fails.inc();
-            return Err(ActivateError::InvalidQueue(0));
-        }
+        let mut queues = checked_queues(&mem, queues, 1, &self.metrics.activate_fails)?;
+        let queue = queues.remove(0);
         self.active = Some(Active { mem, queue, irq });
         // Requests posted before the ioeventfd was armed are filled on the VMM thread (this
         // runs on a vCPU thread).

@@ -13,6 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{Entropy, EntropyConfig, MAX_REQUEST};
 use crate::rate_limiter::{BucketSpec, LimiterSpec};
+use crate::virtio::test_utils::used;
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const NEXT: u16 = 1;
@@ -26,19 +27,6 @@ fn memory() -> GuestMemory {
 
 fn desc(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
     RawDescriptor::from(Descriptor::new(addr, len, flags, next))
-}
-
-fn used(mem: &GuestMemory, mq: &MockSplitQueue<GuestMemory>) -> Vec<(u32, u32)> {
-    let used_idx: u16 = mem.read_obj(GuestAddress(mq.used_addr().0 + 2)).unwrap();
-    (0..used_idx)
-        .map(|i| {
-            let at = mq.used_addr().0 + 4 + 8 * u64::from(i);
-            (
-                mem.read_obj(GuestAddress(at)).unwrap(),
-                mem.read_obj(GuestAddress(at + 4)).unwrap(),
-            )
-        })
-        .collect()
 }
 
 /// A device on a 16-entry queue whose chains start at the given heads, activated.
