@@ -130,8 +130,7 @@ impl Jail {
         Err(Error::LeftBehind { dir, why, cgroups })
     }
 
-    /// Creates the directories (recording the first one that did not exist in `undo`), the
-    /// VMM binary (a hard link where the filesystem allows, else a copy) and the device
+    /// Creates the directories (recording in `undo` those it made), the VMM binary (a hard link where the filesystem allows, else a copy) and the device
     /// nodes, and gives the root, `/run` and the nodes to `uid`:`gid`.
     pub fn build(
         &self,
@@ -140,18 +139,25 @@ impl Jail {
         gid: u32,
         undo: &mut Undo,
     ) -> Result<(), Error> {
-        let mut missing = self.root.as_path();
-        while let Some(parent) = missing.parent().filter(|p| !p.exists()) {
-            missing = parent;
+        let mkdir = |dir: &Path| {
+            DirBuilder::new()
+                .mode(0o755)
+                .create(dir)
+                .map_err(create_err(dir))
+        };
+        // The parents (which other ids share) one at a time, each removed on failure only if
+        // it is empty by then. The id's own directory is made without `recursive`, so of two
+        // jailers racing for one id the second fails here and removes nothing of the first's.
+        let parents: Vec<&Path> = self.dir.ancestors().skip(1).collect();
+        for parent in parents.into_iter().rev() {
+            if !parent.exists() {
+                mkdir(parent)?;
+                undo.empty_dir(parent.to_path_buf());
+            }
         }
-        if !self.root.exists() {
-            undo.tree(missing.to_path_buf());
-        }
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&self.root)
-            .map_err(create_err(&self.root))?;
+        mkdir(&self.dir)?;
+        undo.tree(self.dir.clone());
+        mkdir(&self.root)?;
 
         let target = self.root.join(&self.exec_name);
         if fs::hard_link(exec_file, &target).is_err() {

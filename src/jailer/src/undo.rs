@@ -7,6 +7,8 @@ use std::path::PathBuf;
 enum Made {
     /// A directory tree the jailer created (removed whole).
     Tree(PathBuf),
+    /// A directory the jailer created that others may share (removed only if empty).
+    EmptyDir(PathBuf),
     /// A cgroup directory (removed with rmdir, after the jailer left it).
     Cgroup { dir: PathBuf, leave_to: PathBuf },
 }
@@ -19,6 +21,10 @@ pub struct Undo {
 impl Undo {
     pub fn tree(&mut self, dir: PathBuf) {
         self.made.push(Made::Tree(dir));
+    }
+
+    pub fn empty_dir(&mut self, dir: PathBuf) {
+        self.made.push(Made::EmptyDir(dir));
     }
 
     /// A cgroup directory; `leave_to` is the `cgroup.procs` the jailer moves itself back to
@@ -39,6 +45,9 @@ impl Drop for Undo {
             match made {
                 Made::Tree(dir) => {
                     let _ = std::fs::remove_dir_all(dir);
+                }
+                Made::EmptyDir(dir) => {
+                    let _ = std::fs::remove_dir(dir);
                 }
                 Made::Cgroup { dir, leave_to } => {
                     let _ = std::fs::write(leave_to, std::process::id().to_string());
