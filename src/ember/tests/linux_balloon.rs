@@ -89,13 +89,7 @@ fn linux_inflating_the_balloon_gives_memory_back_to_the_host_and_deflating_to_th
     c.patch("/balloon", &json!({"amount_mib": 0}))
         .expect(204, "");
     stats_until(&mut c, "deflation", |s| s["actual_mib"] == 0);
-    ember.wait_for("\nmetrics-ready", LINUX_DEADLINE);
-    c.put("/actions", &json!({"action_type": "FlushMetrics"}))
-        .expect(204, "");
-    let flushed = metrics_lines(&metrics);
-    ember.wait_clean_exit(LINUX_DEADLINE);
-    let lines = command_lines(&ember.stdout());
-    eprintln!("{lines:#?}");
+    let (flushed, lines) = flush_and_finish(&mut ember, &mut c, &metrics);
     let total0 = field(
         lines.iter().find(|l| l.starts_with("total0")).unwrap(),
         "total0",

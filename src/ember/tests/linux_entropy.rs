@@ -45,13 +45,7 @@ fn linux_reads_random_bytes_from_the_entropy_device_and_a_limiter_bounds_the_rat
         };
         c.put("/entropy", &body).expect(204, "");
         c.instance_start();
-        ember.wait_for("\nmetrics-ready", LINUX_DEADLINE);
-        c.put("/actions", &json!({"action_type": "FlushMetrics"}))
-            .expect(204, "");
-        let flushed = metrics_lines(&metrics);
-        ember.wait_clean_exit(LINUX_DEADLINE);
-        let lines = command_lines(&ember.stdout());
-        eprintln!("{lines:#?}");
+        let (flushed, lines) = flush_and_finish(&mut ember, &mut c, &metrics);
         assert!(lines.iter().any(|l| l == "rng virtio_rng.0"), "{lines:#?}");
         let line = lines
             .iter()

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::api::{Client, Ember};
+use common::api::Ember;
 use common::linux::*;
 use common::netns::{sink, source, NetNs};
 use common::*;
@@ -30,23 +30,6 @@ fn dio_lines(lines: &[String]) -> Vec<&String> {
 fn within(measured: u64, configured: u64, tolerance: f64) -> bool {
     let ratio = measured as f64 / configured as f64;
     (1.0 - tolerance..=1.0 + tolerance).contains(&ratio)
-}
-
-/// Once the guest says `metrics-ready`: FlushMetrics, then the metrics lines written so
-/// far and, after the guest has ended, its command's lines.
-fn flush_and_finish(
-    ember: &mut Ember,
-    c: &mut Client,
-    metrics: &std::path::Path,
-) -> (Vec<Value>, Vec<String>) {
-    ember.wait_for("\nmetrics-ready", LINUX_DEADLINE);
-    c.put("/actions", &json!({"action_type": "FlushMetrics"}))
-        .expect(204, "");
-    let flushed = metrics_lines(metrics);
-    ember.wait_clean_exit(LINUX_DEADLINE);
-    let lines = command_lines(&ember.stdout());
-    eprintln!("{lines:#?}");
-    (flushed, lines)
 }
 
 /// CPU use (percent of one core) of ember and of its VMM thread over `window`.

@@ -113,3 +113,20 @@ pub fn configure(c: &mut super::api::Client, img: &Images, vcpus: u8, mib: u32, 
     )
     .expect(204, "");
 }
+
+/// Once the guest says `metrics-ready`: FlushMetrics, then the metrics lines written so
+/// far and, after the guest has ended, its command's lines.
+pub fn flush_and_finish(
+    ember: &mut super::api::Ember,
+    c: &mut super::api::Client,
+    metrics: &std::path::Path,
+) -> (Vec<Value>, Vec<String>) {
+    ember.wait_for("\nmetrics-ready", LINUX_DEADLINE);
+    c.put("/actions", &json!({"action_type": "FlushMetrics"}))
+        .expect(204, "");
+    let flushed = metrics_lines(metrics);
+    ember.wait_clean_exit(LINUX_DEADLINE);
+    let lines = command_lines(&ember.stdout());
+    eprintln!("{lines:#?}");
+    (flushed, lines)
+}

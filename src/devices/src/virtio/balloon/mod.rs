@@ -154,11 +154,8 @@ impl Balloon {
         }
     }
 
-    /// Each page number in each inflate chain is given back to the host; true if any chain.
-    pub fn process_inflate(&mut self) -> bool {
-        self.process_pfns(INFLATE)
-    }
-
+    /// Serves the inflate or deflate queue: each page number in an inflate chain is given
+    /// back to the host; true if any chain.
     fn process_pfns(&mut self, queue: usize) -> bool {
         let Some(mut active) = self.active.take() else {
             return false;

@@ -87,7 +87,7 @@ fn inflated_pages_go_back_to_the_host_and_read_as_zeros() {
     mem.write_obj(0xcdu8, GuestAddress(PAGES + 2 * 4096))
         .unwrap();
     post(&mqs[INFLATE], 0, desc(PFNS, 16, 0));
-    assert!(b.process_inflate());
+    assert!(b.process_pfns(INFLATE));
     for p in &pfns[..3] {
         let byte: u8 = mem.read_obj(GuestAddress(u64::from(*p) << 12)).unwrap();
         assert_eq!(byte, 0, "page {p:#x}");

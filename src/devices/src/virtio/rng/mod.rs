@@ -14,7 +14,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory as _, Permissions};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
+use crate::rate_limiter::{LimiterSpec, RateLimiter};
 use crate::virtio::device::checked_queues;
 use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
 
@@ -151,12 +151,6 @@ impl Entropy {
         }
         self.metrics.entropy_bytes.add(offset as u64);
         offset as u32
-    }
-
-    /// A new rate limiter; requests held back by the old one are served now.
-    pub fn update_limiter(&mut self, bandwidth: BucketUpdate, ops: BucketUpdate) {
-        self.limiter.update(bandwidth, ops);
-        self.process_queue();
     }
 
     fn on_limiter_timer(&mut self) {
