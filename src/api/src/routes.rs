@@ -33,6 +33,7 @@ enum Route {
     Mmds,
     MmdsConfig,
     Entropy,
+    Vsock,
     Balloon,
     BalloonStats,
     Actions,
@@ -53,7 +54,7 @@ impl Route {
             (Route::BootSource | Route::Actions | Route::Logger | Route::Metrics, _) => &["PUT"],
             (Route::Drive | Route::NetworkInterface, _) => &["PUT", "PATCH"],
             (Route::Mmds, _) => &["GET", "PUT", "PATCH"],
-            (Route::MmdsConfig | Route::Entropy, _) => &["PUT"],
+            (Route::MmdsConfig | Route::Entropy | Route::Vsock, _) => &["PUT"],
             (Route::VmState, _) => &["PATCH"],
             (Route::Balloon, _) | (_, ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
             (Route::BalloonStats, _) => &["GET", "PATCH"],
@@ -80,7 +81,7 @@ fn route(path: &[&str]) -> Option<Route> {
         ["network-interfaces", _] => NetworkInterface,
         ["mmds"] => Mmds,
         ["mmds", "config"] => MmdsConfig,
-        ["vsock"] => Later(vmm::config::Later::Vsock),
+        ["vsock"] => Vsock,
         ["entropy"] => Entropy,
         ["balloon"] => Balloon,
         ["balloon", "statistics"] => BalloonStats,
@@ -238,6 +239,7 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::Mmds, _) => VmmAction::PatchMmds(body(req, "mmds")?),
         (Route::MmdsConfig, _) => VmmAction::PutMmdsConfig(body::<MmdsConfig>(req, "mmds-config")?),
         (Route::Entropy, _) => VmmAction::PutEntropy(body::<EntropyDeviceConfig>(req, "entropy")?),
+        (Route::Vsock, _) => VmmAction::PutVsock(body(req, "vsock")?),
         (Route::Balloon, "GET") => VmmAction::GetBalloon,
         (Route::Balloon, "PUT") => VmmAction::PutBalloon(body(req, "balloon")?),
         (Route::Balloon, _) => VmmAction::PatchBalloon(body(req, "balloon")?),
@@ -357,6 +359,6 @@ mod tests {
             "{body}"
         );
         let r = answer(parse(&req("PUT", "/vsock", r#"{"guest_cid":3}"#)));
-        assert!(r.body.unwrap().contains("vsock device is not available"));
+        assert!(r.body.unwrap().contains("missing field `uds_path`"));
     }
 }

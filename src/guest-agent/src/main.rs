@@ -22,9 +22,11 @@
 //!   ember-agent read FILE BYTES [SKIP]      read SKIP then BYTES bytes of FILE (e.g.
 //!                                           /dev/hwrng); prints bytes, µs, bytes per second
 //!                                           and how many distinct byte values the BYTES had
+//!   ember-agent serve PORT                  answer requests on vsock PORT (see vsock.rs)
 
 mod dio;
 mod raw;
+mod vsock;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -45,6 +47,7 @@ fn main() {
         ["dio", mode, dev, bs, count] => dio::run(mode, dev, bs, count, "0"),
         ["dio", mode, dev, bs, count, skip] => dio::run(mode, dev, bs, count, skip),
         ["touch", mib] => touch(mib),
+        ["serve", port] => vsock::serve(port),
         ["read", file, bytes] => read_rate(file, bytes, "0"),
         ["read", file, bytes, skip] => read_rate(file, bytes, skip),
         ["http-latency", ip, path, n] => http_latency(ip, path, n),

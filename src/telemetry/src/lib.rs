@@ -11,5 +11,6 @@ pub mod time;
 pub use counter::{Counter, MaxGauge};
 pub use metrics::{
     ApiMetrics, BalloonMetrics, BlockMetrics, EntropyMetrics, Metrics, NetMetrics, VcpuMetrics,
+    VsockMetrics,
 };
 pub use sink::LineSink;

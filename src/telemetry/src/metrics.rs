@@ -80,6 +80,27 @@ counters!(
 );
 
 counters!(
+    /// The vsock device (Firecracker's `vsock` section).
+    VsockMetrics {
+        activate_fails,
+        rx_queue_event_count,
+        tx_queue_event_count,
+        muxer_event_fails,
+        conn_event_fails,
+        rx_bytes_count,
+        tx_bytes_count,
+        rx_packets_count,
+        tx_packets_count,
+        conns_added,
+        conns_killed,
+        conns_removed,
+        tx_write_fails,
+        rx_read_fails,
+        invalid_packets,
+    }
+);
+
+counters!(
     /// One virtio-net device.
     NetMetrics {
         activate_fails,
@@ -236,6 +257,7 @@ pub struct Metrics {
     pub vcpu: VcpuMetrics,
     pub entropy: Arc<EntropyMetrics>,
     pub balloon: Arc<BalloonMetrics>,
+    pub vsock: Arc<VsockMetrics>,
     blocks: Mutex<Vec<(String, Arc<BlockMetrics>)>>,
     nets: Mutex<Vec<(String, Arc<NetMetrics>)>>,
     /// Metric lines the destination could not take.
@@ -324,6 +346,7 @@ impl Metrics {
         devices(&mut out, "net", &self.nets, NetMetrics::take);
         out.insert("entropy".into(), object(&self.entropy.take()));
         out.insert("balloon".into(), object(&self.balloon.take()));
+        out.insert("vsock".into(), object(&self.vsock.take()));
         out.insert("vcpu".into(), object(&self.vcpu.take()));
         let mut line = Value::Object(out).to_string();
         line.push('\n');

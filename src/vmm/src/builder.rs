@@ -15,6 +15,7 @@ use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::net::{MmdsLink, Net, NetConfig};
 use devices::virtio::rng::{Entropy, EntropyConfig};
+use devices::virtio::vsock::{Vsock, VsockConfig};
 use devices::virtio::{IrqTrigger, MmioTransport, VirtioDevice};
 use devices::Bus;
 use vm_memory::{Bytes, GuestAddress};
@@ -78,6 +79,8 @@ pub enum BuildError {
     Bus(#[from] devices::bus::Error),
     #[error("cannot create an eventfd: {0}")]
     EventFd(#[source] std::io::Error),
+    #[error("cannot set up the vsock device: {0}")]
+    Vsock(#[source] std::io::Error),
     #[error("{0}")]
     Vcpu(#[from] vcpu::Error),
     #[error("the thread registering guest memory with KVM failed")]
@@ -258,6 +261,22 @@ fn assemble(
         let (addr, irq) = attach_virtio(vm, mem, &mut mmio, balloon.clone(), window + slot, slot)?;
         subscribers.push(balloon.clone());
         devices.balloon = Some(balloon);
+        slot += 1;
+        cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
+    }
+    if let Some((config, listener)) = resources.vsock() {
+        let listener = listener.try_clone().map_err(BuildError::Vsock)?;
+        let config = VsockConfig {
+            guest_cid: u64::from(config.guest_cid),
+            uds_path: config.uds_path.clone().into(),
+            listener,
+            metrics: metrics.vsock.clone(),
+        };
+        let vsock = Vsock::new(config).map_err(BuildError::Vsock)?;
+        let vsock = Arc::new(Mutex::new(vsock));
+        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, vsock.clone(), window + slot, slot)?;
+        subscribers.push(vsock.clone());
+        devices.vsock = Some(vsock);
         cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
     }
 

@@ -297,6 +297,7 @@ impl Controller {
             | VmmAction::PutNetworkInterface(_)
             | VmmAction::PutMmdsConfig(_)
             | VmmAction::PutEntropy(_)
+            | VmmAction::PutVsock(_)
             | VmmAction::PutBalloon(_)
             | VmmAction::PutLogger(_)
             | VmmAction::PutMetrics(_)
@@ -330,6 +331,7 @@ impl Controller {
             }
             VmmAction::PutMmdsConfig(config) => empty(self.resources.set_mmds_config(config)),
             VmmAction::PutEntropy(config) => empty(self.resources.set_entropy(config)),
+            VmmAction::PutVsock(config) => empty(self.resources.set_vsock(config)),
             VmmAction::PutBalloon(config) => empty(self.resources.set_balloon(config)),
             VmmAction::PatchBalloon(update) => self.patch_balloon(update),
             VmmAction::PatchBalloonStats(update) => self.patch_balloon_stats(update),

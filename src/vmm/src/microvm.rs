@@ -8,6 +8,7 @@ use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
 use devices::virtio::net::Net;
 use devices::virtio::rng::Entropy;
+use devices::virtio::vsock::Vsock;
 use event_manager::{EventManager, SubscriberOps};
 
 use crate::event_loop::Subscriber;
@@ -34,6 +35,7 @@ pub struct Devices {
     pub nets: Vec<(String, Arc<Mutex<Net>>)>,
     pub entropy: Option<Arc<Mutex<Entropy>>>,
     pub balloon: Option<Arc<Mutex<Balloon>>>,
+    pub vsock: Option<Arc<Mutex<Vsock>>>,
 }
 
 fn find<'a, T>(list: &'a [(String, Arc<Mutex<T>>)], id: &str) -> Option<&'a Arc<Mutex<T>>> {

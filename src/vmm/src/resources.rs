@@ -6,8 +6,11 @@ use crate::config::{
     check_amount, parse_json, BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate,
     BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig, LoggerConfig, MachineConfig,
     MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
-    RateLimiterConfig, VmConfig,
+    RateLimiterConfig, VmConfig, VsockDeviceConfig,
 };
+
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
 
 /// virtio-mmio devices (drives and network interfaces) get IRQs 5..=23.
 pub const MAX_DEVICES: usize =
@@ -23,6 +26,8 @@ pub struct VmResources {
     pub mmds_config: Option<MmdsConfig>,
     /// The entropy device, if there is one.
     entropy: Option<EntropyDeviceConfig>,
+    /// The vsock device, if there is one, and the socket `PUT /vsock` bound for it.
+    vsock: Option<(VsockDeviceConfig, Arc<UnixListener>)>,
     /// The balloon, if there is one; its target follows `PATCH /balloon` after boot too.
     balloon: Option<BalloonDeviceConfig>,
     /// The config file's `logger` and `metrics`, applied when ember starts.
@@ -56,6 +61,9 @@ impl VmResources {
         }
         if let Some(entropy) = config.entropy {
             resources.set_entropy(entropy)?;
+        }
+        if let Some(vsock) = config.vsock {
+            resources.set_vsock(vsock)?;
         }
         if let Some(balloon) = config.balloon {
             resources.set_balloon(balloon)?;
@@ -116,7 +124,9 @@ impl VmResources {
 
     /// Devices other than drives and interfaces that take an interrupt line.
     fn others(&self) -> usize {
-        usize::from(self.entropy.is_some()) + usize::from(self.balloon.is_some())
+        usize::from(self.entropy.is_some())
+            + usize::from(self.balloon.is_some())
+            + usize::from(self.vsock.is_some())
     }
 
     fn check_device_count(&self, count: usize) -> Result<(), ConfigError> {
@@ -206,6 +216,46 @@ impl VmResources {
         self.entropy.as_ref()
     }
 
+    /// `PUT /vsock`: adds the vsock device, or replaces it. Like Firecracker, ember listens
+    /// on `uds_path` from here on (host processes may connect before the guest boots), and
+    /// refuses a path that exists.
+    pub fn set_vsock(&mut self, config: VsockDeviceConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        if self.vsock.is_none() {
+            let count = self.drives.len() + self.network_interfaces.len() + self.others() + 1;
+            self.check_device_count(count)?;
+        }
+        let listener = match self.vsock.take() {
+            Some((old, listener)) if old.uds_path == config.uds_path => listener,
+            old => {
+                let listener = UnixListener::bind(&config.uds_path).map_err(|source| {
+                    ConfigError::VsockListen {
+                        path: config.uds_path.clone(),
+                        source,
+                    }
+                });
+                let listener = match listener {
+                    Ok(l) => l,
+                    Err(e) => {
+                        self.vsock = old;
+                        return Err(e);
+                    }
+                };
+                if let Some((old, _)) = old {
+                    let _ = std::fs::remove_file(&old.uds_path);
+                }
+                Arc::new(listener)
+            }
+        };
+        self.vsock = Some((config, listener));
+        Ok(())
+    }
+
+    /// The vsock device's configuration and listening socket.
+    pub fn vsock(&self) -> Option<(&VsockDeviceConfig, &Arc<UnixListener>)> {
+        self.vsock.as_ref().map(|(c, l)| (c, l))
+    }
+
     /// `PUT /balloon`: adds the balloon, or replaces its configuration.
     pub fn set_balloon(&mut self, config: BalloonDeviceConfig) -> Result<(), ConfigError> {
         config.validate(self.machine_config.mem_size_mib)?;
@@ -290,14 +340,15 @@ impl VmResources {
 
     /// Everything configured, in the config-file format (`GET /vm/config`).
     pub fn to_config(&self) -> VmConfig {
-        VmConfig::new(
-            self.boot_source.clone(),
-            self.drives.clone(),
-            self.machine_config.clone(),
-            self.network_interfaces.clone(),
-            self.mmds_config.clone(),
-            self.entropy.clone(),
-            self.balloon.clone(),
-        )
+        VmConfig {
+            boot_source: self.boot_source.clone(),
+            drives: self.drives.clone(),
+            network_interfaces: self.network_interfaces.clone(),
+            mmds_config: self.mmds_config.clone(),
+            vsock: self.vsock.as_ref().map(|(c, _)| c.clone()),
+            entropy: self.entropy.clone(),
+            balloon: self.balloon.clone(),
+            ..VmConfig::new(self.machine_config.clone())
+        }
     }
 }

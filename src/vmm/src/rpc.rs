@@ -12,7 +12,7 @@ use crate::config::{
     BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate, BootSourceConfig, ConfigError,
     DriveConfig, EntropyDeviceConfig, Later, LoggerConfig, MachineConfig, MachineConfigUpdate,
     MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
-    VmConfig,
+    VmConfig, VsockDeviceConfig,
 };
 
 /// How long the API thread busy-waits for an answer before it sleeps.
@@ -35,6 +35,7 @@ pub enum VmmAction {
     PatchNetworkInterface(PartialNetworkInterface),
     PutMmdsConfig(MmdsConfig),
     PutEntropy(EntropyDeviceConfig),
+    PutVsock(VsockDeviceConfig),
     PutBalloon(BalloonDeviceConfig),
     PatchBalloon(BalloonUpdate),
     PatchBalloonStats(BalloonStatsUpdate),

@@ -11,6 +11,7 @@ pub mod net;
 pub mod rng;
 #[cfg(test)]
 mod test_utils;
+pub mod vsock;
 
 pub use device::{ActivateError, VirtioDevice};
 pub use interrupt::{InterruptKind, IrqTrigger};

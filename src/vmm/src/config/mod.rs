@@ -12,6 +12,7 @@ mod mmds;
 mod net;
 mod rate_limiter;
 mod telemetry;
+mod vsock;
 
 pub use balloon::{check_amount, BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate};
 pub use boot::BootSourceConfig;
@@ -22,6 +23,7 @@ pub use mmds::{MmdsConfig, MmdsVersion};
 pub use net::{MacAddr, NetworkInterfaceConfig, PartialNetworkInterface};
 pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 pub use telemetry::{LogLevel, LoggerConfig, MetricsConfig};
+pub use vsock::VsockDeviceConfig;
 
 use serde::{Deserialize, Serialize};
 
@@ -51,8 +53,8 @@ pub struct VmConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub mmds_config: Option<MmdsConfig>,
-    #[serde(default, skip_serializing)]
-    pub vsock: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<VsockDeviceConfig>,
     /// `null` asks for no device, as in Firecracker's `GET /vm/config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entropy: Option<EntropyDeviceConfig>,
@@ -72,25 +74,18 @@ pub struct VmConfig {
 }
 
 impl VmConfig {
-    /// The configuration `GET /vm/config` shows: the sections Ember has.
-    pub fn new(
-        boot_source: Option<BootSourceConfig>,
-        drives: Vec<DriveConfig>,
-        machine_config: MachineConfig,
-        network_interfaces: Vec<NetworkInterfaceConfig>,
-        mmds_config: Option<MmdsConfig>,
-        entropy: Option<EntropyDeviceConfig>,
-        balloon: Option<BalloonDeviceConfig>,
-    ) -> Self {
+    /// The start of what `GET /vm/config` shows: the machine, with no devices; the caller
+    /// fills in the sections Ember has.
+    pub fn new(machine_config: MachineConfig) -> Self {
         VmConfig {
-            boot_source,
-            drives,
+            boot_source: None,
+            drives: Vec::new(),
             machine_config: Some(machine_config),
-            network_interfaces,
-            mmds_config,
+            network_interfaces: Vec::new(),
+            mmds_config: None,
             vsock: None,
-            entropy,
-            balloon,
+            entropy: None,
+            balloon: None,
             logger: None,
             metrics: None,
             cpu_config: None,
@@ -106,9 +101,6 @@ impl VmConfig {
             Some(serde_json::Value::Array(a)) => !a.is_empty(),
             Some(_) => true,
         };
-        if asks(&self.vsock) {
-            return Err(ConfigError::NotYet(Later::Vsock));
-        }
         if asks(&self.cpu_config) {
             return Err(ConfigError::Unsupported(
                 "custom CPU templates (cpu-config)",
@@ -128,8 +120,6 @@ impl VmConfig {
 /// name them when asked for one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Later {
-    #[error("the vsock device is not available in Ember yet")]
-    Vsock,
     #[error("snapshots are not available in Ember yet")]
     Snapshots,
 }
@@ -193,6 +183,15 @@ pub enum ConfigError {
     BootArgsNul,
     #[error("{0}")]
     NotYet(Later),
+    #[error("the vsock guest_cid must be at least 3 (0 to 2 are reserved), not {0}")]
+    VsockCid(u32),
+    #[error("the vsock uds_path {0:?} must be 1 to 96 bytes long, with no NUL byte")]
+    VsockPath(String),
+    #[error("cannot listen on the vsock socket {path}: {source}")]
+    VsockListen {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("Ember does not support {0}")]
     Unsupported(&'static str),
     #[error("the balloon's amount_mib {amount_mib} is more than the guest's memory ({mem_size_mib} MiB)")]
