@@ -321,6 +321,135 @@ static void blk_checks(int i, struct blk *b) {
     blk_line(i, "wild status="); puthex(st); puts(" used="); putdec(used); end();
 }
 
+
+/* ---- virtio-mmio vsock: a hostile driver ------------------------------------------------ */
+
+/* Sends what a broken or malicious driver would (cut headers, lengths past the chain, wrong
+ * CIDs, unknown ops and types, device-writable and wild buffers, looping chains), then a
+ * well-formed connection to host port 1234 that carries one message. */
+
+static struct vq vs_q[3];
+static u16 vs_tx_n, vs_rx_seen;
+static u8 vs_rxbuf[QSZ][512] __attribute__((aligned(16)));
+static u8 vs_hdr[64] __attribute__((aligned(16)));
+static const char vs_msg[] = "hello from the test guest";
+
+static int vs_init(u64 base) {
+    wr32(base + 0x70, 0);
+    wr32(base + 0x70, 1);
+    wr32(base + 0x70, 1 | 2);
+    wr32(base + 0x24, 1); wr32(base + 0x20, 1);   /* VERSION_1 */
+    wr32(base + 0x24, 0); wr32(base + 0x20, 0);
+    wr32(base + 0x70, 1 | 2 | 8);
+    if (!(rd32(base + 0x70) & 8)) return 0;
+    for (u32 q = 0; q < 3; q++) {
+        wr32(base + 0x30, q);
+        if (rd32(base + 0x34) < QSZ) return 0;
+        wr32(base + 0x38, QSZ);
+        u64 d = (u64)&vs_q[q].d, a = (u64)&vs_q[q].avail_flags, u = (u64)&vs_q[q].used_flags;
+        wr32(base + 0x80, (u32)d); wr32(base + 0x84, (u32)(d >> 32));
+        wr32(base + 0x90, (u32)a); wr32(base + 0x94, (u32)(a >> 32));
+        wr32(base + 0xa0, (u32)u); wr32(base + 0xa4, (u32)(u >> 32));
+        wr32(base + 0x44, 1);
+    }
+    wr32(base + 0x70, 1 | 2 | 8 | 4);
+    return (rd32(base + 0x70) & 0x40) == 0;
+}
+
+static void vs_header(u64 src_cid, u64 dst_cid, u32 len, u16 type, u16 op, u32 sport) {
+    memset(vs_hdr, 0, sizeof vs_hdr);
+    *(u64 *)vs_hdr = src_cid;
+    *(u64 *)(vs_hdr + 8) = dst_cid;
+    *(u32 *)(vs_hdr + 16) = sport;
+    *(u32 *)(vs_hdr + 20) = 1234;
+    *(u32 *)(vs_hdr + 24) = len;
+    *(u16 *)(vs_hdr + 28) = type;
+    *(u16 *)(vs_hdr + 30) = op;
+    *(u32 *)(vs_hdr + 36) = 65536;   /* buf_alloc */
+}
+
+/* Posts one TX chain (descriptors as given, `next` included) and waits for the device. */
+static int vs_send(u64 base, const struct desc *chain, int n) {
+    struct vq *q = &vs_q[1];
+    for (int i = 0; i < n; i++) q->d[i] = chain[i];
+    q->avail_ring[vs_tx_n % QSZ] = 0;
+    barrier();
+    q->avail_idx = ++vs_tx_n;
+    barrier();
+    wr32(base + 0x50, 1);
+    for (u64 t = 0; t < 200000000UL && q->used_idx != vs_tx_n; t++) pause();
+    return q->used_idx == vs_tx_n;
+}
+
+static int vs_send_header(u64 base, u32 hdr_len) {
+    struct desc d = { (u64)vs_hdr, hdr_len, 0, 0 };
+    return vs_send(base, &d, 1);
+}
+
+static void vsock_checks(u64 base) {
+    if (!vs_init(base)) { line("vsock init failed"); end(); return; }
+    u64 cid = rd32(base + 0x100) | ((u64)rd32(base + 0x104) << 32);
+    line("vsock cid="); putdec(cid); end();
+    for (int i = 0; i < QSZ; i++) {
+        vs_q[0].d[i] = (struct desc){ (u64)vs_rxbuf[i], sizeof vs_rxbuf[i], VIRTQ_DESC_F_WRITE, 0 };
+        vs_q[0].avail_ring[i] = (u16)i;
+    }
+    barrier();
+    vs_q[0].avail_idx = QSZ;
+    barrier();
+    wr32(base + 0x50, 0);
+
+    int done = 0;
+    vs_header(cid, 2, 0, 1, 1, 4000);
+    done += vs_send_header(base, 20);                          /* a header cut short */
+    vs_header(cid, 2, 100, 1, 5, 4000);
+    struct desc two[2] = { { (u64)vs_hdr, 44, VIRTQ_DESC_F_NEXT, 1 }, { (u64)buf, 10, 0, 0 } };
+    done += vs_send(base, two, 2);                             /* a length past the chain */
+    vs_header(cid, 2, 0xffffffff, 1, 5, 4000);
+    done += vs_send_header(base, 44);                          /* a length past any payload */
+    struct desc wo = { (u64)vs_hdr, 44, VIRTQ_DESC_F_WRITE, 0 };
+    done += vs_send(base, &wo, 1);                             /* a device-writable buffer */
+    struct desc wild = { 0x7fff00000000UL, 44, 0, 0 };
+    done += vs_send(base, &wild, 1);                           /* outside guest memory */
+    vs_header(77, 2, 0, 1, 1, 4000);
+    struct desc loop = { (u64)vs_hdr, 44, VIRTQ_DESC_F_NEXT, 0 };
+    done += vs_send(base, &loop, 1);                           /* a chain that loops */
+    struct desc past = { (u64)vs_hdr, 44, VIRTQ_DESC_F_NEXT, 200 };
+    done += vs_send(base, &past, 1);                           /* a next past the table */
+    done += vs_send_header(base, 44);                          /* from another CID */
+    vs_header(cid, 4, 0, 1, 1, 4000);
+    done += vs_send_header(base, 44);                          /* to another guest */
+    vs_header(cid, 2, 0, 2, 1, 4000);
+    done += vs_send_header(base, 44);                          /* a seqpacket: RST */
+    vs_header(cid, 2, 0, 1, 99, 4000);
+    done += vs_send_header(base, 44);                          /* an unknown op: RST */
+    vs_header(cid, 2, 0, 1, 5, 4000);
+    done += vs_send_header(base, 44);                          /* data for no stream: RST */
+    vs_header(cid, 2, 0, 1, 1, 4001);
+    done += vs_send_header(base, 44);                          /* a real request */
+    line("vsock hostile sent="); putdec((u64)done); end();
+
+    /* Wait (a few seconds at most) for the three RSTs and the RESPONSE. */
+    u32 rsts = 0, responses = 0;
+    for (u64 until = rdtsc() + 10000000000UL; rdtsc() < until && vs_rx_seen < 4;) {
+        if (vs_q[0].used_idx == vs_rx_seen) { pause(); continue; }
+        barrier();
+        u8 *p = vs_rxbuf[vs_q[0].used_ring[vs_rx_seen % QSZ].id];
+        u16 op = *(u16 *)(p + 30);
+        if (op == 3) rsts++;
+        if (op == 2 && *(u32 *)(p + 20) == 4001) responses++;
+        vs_rx_seen++;
+    }
+    line("vsock rsts="); putdec(rsts); puts(" responses="); putdec(responses); end();
+    if (responses) {
+        u64 n = sizeof vs_msg - 1;
+        memcpy(buf, vs_msg, n);
+        vs_header(cid, 2, (u32)n, 1, 5, 4001);
+        struct desc rw[2] = { { (u64)vs_hdr, 44, VIRTQ_DESC_F_NEXT, 1 }, { (u64)buf, (u32)n, 0, 0 } };
+        line("vsock message sent="); putdec((u64)vs_send(base, rw, 2)); end();
+    }
+}
+
 static u64 parse_hex(const char **p) {
     u64 v = 0;
     for (;;) {
@@ -342,6 +471,7 @@ static void virtio_checks(void) {
         const char *q = p + n;
         struct blk *b = &disks[count];
         b->base = parse_hex(&q);
+        if (rd32(b->base + 8) == 19) { vsock_checks(b->base); continue; }
         if (!blk_init(b)) { blk_line(count, "init failed"); end(); count++; continue; }
         blk_checks(count, b);
         count++;
