@@ -1,7 +1,7 @@
 //! Which system calls a real run makes, against the seccomp filters: the Linux guest with a
 //! root and a data drive (one with a rate limiter), a network interface on a TAP in a
-//! namespace and the MMDS, driven through the API (pause, resume, a drive patched after
-//! boot), all under `strace -f`. Each thread's calls after its own `seccomp()` must be in
+//! namespace and the MMDS, vsock streams both ways, driven through the API (pause, resume, a
+//! drive patched after boot), all under `strace -f`. Each thread's calls after its own `seccomp()` must be in
 //! its filter in src/seccomp/filters/x86_64.json; the test prints what each thread used,
 //! and what its filter allows that the run did not use.
 
@@ -63,6 +63,33 @@ fn after_filter(trace: &str) -> Option<(String, BTreeSet<String>, BTreeSet<u64>)
     Some((kind.to_string(), names, ioctls))
 }
 
+/// Streams both ways, a guest connection to the host, and the failures.
+fn vsock_traffic(uds: &std::path::Path) {
+    use std::io::{Read, Write};
+    let mut s = vsock::connect_when_up(uds, 5000, LINUX_DEADLINE);
+    s.write_all(b"SOURCE 1048576 1\n").unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len(), 1 << 20);
+    let listener =
+        std::os::unix::net::UnixListener::bind(format!("{}_6000", uds.display())).unwrap();
+    let host = std::thread::spawn(move || {
+        let (mut a, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        a.read_to_end(&mut got).unwrap();
+        a.write_all(b"ok\n").unwrap();
+        got.len()
+    });
+    let sent = vsock::request(uds, 5000, "SEND 6000 65536 2");
+    assert!(sent.ends_with("reply ok"), "{sent}");
+    assert_eq!(host.join().unwrap(), 65536);
+    assert!(vsock::request(uds, 5000, "FETCH 6001").starts_with("refused"));
+    assert!(vsock::connect(uds, 5001).is_err());
+    let mut bad = std::os::unix::net::UnixStream::connect(uds).unwrap();
+    bad.write_all(b"CONNECT nothing\n").unwrap();
+    assert_eq!(vsock::read_line(&mut bad), "");
+}
+
 #[test]
 fn every_system_call_of_a_full_run_is_in_its_threads_filter() {
     let test = "every_system_call_of_a_full_run_is_in_its_threads_filter";
@@ -106,7 +133,8 @@ fn every_system_call_of_a_full_run_is_in_its_threads_filter() {
         .args(["--level", "Info"]);
     let mut ember = Ember::spawn(command, sock);
     let mut c = ember.client();
-    let cmd = "ip addr add 10.70.1.2/24 dev eth0; ip link set eth0 up; \
+    let cmd = "ember-agent serve 5000 >/dev/null & \
+               ip addr add 10.70.1.2/24 dev eth0; ip link set eth0 up; \
                ping -c 2 -w 30 10.70.1.1 >/dev/null && echo ping-ok; \
                ip route add 169.254.169.254 dev eth0; \
                wget -q -O - http://169.254.169.254/id && echo; \
@@ -128,8 +156,15 @@ fn every_system_call_of_a_full_run_is_in_its_threads_filter() {
     c.put("/mmds/config", &json!({"network_interfaces": ["eth0"]}))
         .expect(204, "");
     c.put("/mmds", &json!({"id": "audit-7"})).expect(204, "");
+    let uds = s.path("v.sock");
+    c.put(
+        "/vsock",
+        &json!({"guest_cid": 3, "uds_path": uds.to_str().unwrap()}),
+    )
+    .expect(204, "");
     c.instance_start();
     ember.wait_for("\npatch-me", LINUX_DEADLINE);
+    vsock_traffic(&uds);
     c.patch("/vm", &json!({"state": "Paused"})).expect(204, "");
     c.patch("/vm", &json!({"state": "Resumed"})).expect(204, "");
     let copy = s.file("copy.img", &noise(1 << 20, 8));
