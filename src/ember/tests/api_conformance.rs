@@ -26,6 +26,7 @@ const POST_BOOT: &str = "The requested operation is not supported after starting
 const PRE_BOOT: &str = "The requested operation is not supported before starting the microVM.";
 
 fn cases(kernel: &str, disk: &str, log: &str, metrics: &str) -> Vec<Case> {
+    let vsock = log.replace("ember.log", "v.sock");
     vec![
         Case {
             method: "PUT",
@@ -160,6 +161,19 @@ fn cases(kernel: &str, disk: &str, log: &str, metrics: &str) -> Vec<Case> {
                 "missing field `refill_time`",
             ),
             unknown: json!({"rate_limiter": null, "quality": 1}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PUT",
+            path: "/vsock",
+            good: json!({"guest_cid": 3, "uds_path": vsock}),
+            wrong_type: (
+                json!({"guest_cid": "3", "uds_path": vsock}),
+                "vsock.guest_cid: invalid type: string \"3\"",
+            ),
+            missing: (json!({"guest_cid": 3}), "missing field `uds_path`"),
+            unknown: json!({"guest_cid": 3, "uds_path": vsock, "port": 1}),
             before: (204, ""),
             after: (400, POST_BOOT),
         },
@@ -341,6 +355,10 @@ fn every_path_with_a_body_before_and_after_boot() {
     );
     let balloon = json!({"amount_mib": 4, "deflate_on_oom": true, "stats_polling_interval_s": 2});
     assert_eq!(config["balloon"], balloon);
+    assert_eq!(
+        config["vsock"],
+        json!({"guest_cid": 3, "uds_path": s.path("v.sock")})
+    );
     assert_eq!(c.get("/balloon").expect(200, "").json(), balloon);
     assert_eq!(config["drives"][0]["path_on_host"], disk.as_str());
 
@@ -568,6 +586,7 @@ fn the_same_mistake_gets_the_same_sentence_from_the_api_and_a_config_file() {
             "entropy",
             json!({"rate_limiter": {"ops": {"size": 1, "refill_time": 0}}}),
         ),
+        ("vsock", json!({"guest_cid": 1, "uds_path": "/tmp/v.sock"})),
     ] {
         let api = c.put(&format!("/{section}"), &body);
         assert_eq!(api.status, 400);
