@@ -40,8 +40,20 @@ impl Vsock {
         None
     }
 
-    /// Fills RX buffers with what is owed to the guest; true if any was used.
+    /// Fills RX buffers with what is owed to the guest, and reads the TX queue again if it
+    /// waited for the RSTs to drain; true if any RX buffer was used.
     pub fn process_rx(&mut self) -> bool {
+        let mut used = self.fill_rx();
+        while self.tx_stalled && self.orphan_rsts.len() < MAX_ORPHAN_RSTS {
+            if !self.process_tx() {
+                break;
+            }
+            used |= self.fill_rx();
+        }
+        used
+    }
+
+    fn fill_rx(&mut self) -> bool {
         let Some(mut active) = self.active.take() else {
             return false;
         };
@@ -54,7 +66,8 @@ impl Vsock {
             let head = chain.head_index();
             let bufs = writable_buffers(&active.mem, chain).unwrap_or_default();
             let room = bufs.iter().map(|b| b.1).sum::<usize>();
-            if room < HEADER_LEN {
+            // Too small for a header, or (for data) for a byte after it.
+            if room < HEADER_LEN || (room == HEADER_LEN && next == Next::Data) {
                 self.metrics.invalid_packets.inc();
                 let _ = active.queues[RX].add_used(&active.mem, head, 0);
                 used_any = true;
@@ -83,10 +96,6 @@ impl Vsock {
         }
         self.buf = buf;
         self.active = Some(active);
-        if self.tx_stalled && self.orphan_rsts.len() < MAX_ORPHAN_RSTS {
-            self.process_tx();
-            self.process_rx();
-        }
         used_any
     }
 

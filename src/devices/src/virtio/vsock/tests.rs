@@ -10,14 +10,13 @@ use std::sync::Arc;
 use telemetry::VsockMetrics;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::desc::RawDescriptor;
-use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::packet::*;
 use super::{Vsock, VsockConfig, BUF_ALLOC};
-use crate::virtio::test_utils::used;
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const CID: u64 = 3;
@@ -43,57 +42,102 @@ fn scratch(name: &str) -> Scratch {
     Scratch(dir)
 }
 
-/// The guest driver's side: the three queues, and how far it has read the used rings.
+/// A split virtqueue of QSIZE at `.0`: the descriptor table, then the available ring at
+/// +0x400, then the used ring at +0x800 (virtio-queue's mock lets its rings overlap past 32
+/// entries).
+#[derive(Debug, Clone, Copy)]
+struct Ring(u64);
+
+impl Ring {
+    fn desc(self) -> u64 {
+        self.0
+    }
+
+    fn avail(self) -> u64 {
+        self.0 + 0x400
+    }
+
+    fn used(self) -> u64 {
+        self.0 + 0x800
+    }
+
+    fn queue(self) -> Queue {
+        let mut q = Queue::new(QSIZE).unwrap();
+        q.set_size(QSIZE);
+        let split = |a: u64| (Some(a as u32), Some((a >> 32) as u32));
+        let (lo, hi) = split(self.desc());
+        q.set_desc_table_address(lo, hi);
+        let (lo, hi) = split(self.avail());
+        q.set_avail_ring_address(lo, hi);
+        let (lo, hi) = split(self.used());
+        q.set_used_ring_address(lo, hi);
+        q.set_ready(true);
+        q
+    }
+}
+
+/// The guest driver's side: the RX and TX queues, and how far it has read and filled them.
 struct Driver<'m> {
     mem: &'m GuestMemory,
-    rx: MockSplitQueue<'m, GuestMemory>,
-    tx: MockSplitQueue<'m, GuestMemory>,
+    rx: Ring,
+    tx: Ring,
     rx_posted: u16,
     rx_seen: u16,
     tx_posted: u16,
 }
 
-impl<'m> Driver<'m> {
-    /// Makes a chain of `descs` available on `mq`, in 4-descriptor slots.
-    fn push(mq: &MockSplitQueue<'m, GuestMemory>, n: &mut u16, descs: &[Descriptor]) {
-        let base = (*n * 4) % QSIZE;
+impl Driver<'_> {
+    /// Makes a chain of `descs` available on `ring` (chain `n`), in 4-descriptor slots.
+    fn push(&self, ring: Ring, n: u16, descs: &[Descriptor]) {
+        let base = (n * 4) % QSIZE;
         for (i, d) in descs.iter().enumerate() {
             let i = i as u16;
-            let next = if i + 1 < descs.len() as u16 {
-                base + i + 1
-            } else {
-                0
+            let last = i + 1 == descs.len() as u16;
+            let (flags, next) = match last {
+                true => (d.flags(), 0),
+                false => (d.flags() | NEXT, base + i + 1),
             };
-            let flags = d.flags() | if i + 1 < descs.len() as u16 { NEXT } else { 0 };
             let raw = RawDescriptor::from(Descriptor::new(d.addr().0, d.len(), flags, next));
-            mq.desc_table().store(base + i, raw).unwrap();
+            let at = ring.desc() + 16 * u64::from(base + i);
+            self.mem.write_obj(raw, GuestAddress(at)).unwrap();
         }
-        mq.avail()
-            .ring()
-            .ref_at(usize::from(*n % QSIZE))
-            .unwrap()
-            .store(base);
-        *n += 1;
-        mq.avail().idx().store(*n);
+        let slot = ring.avail() + 4 + 2 * u64::from(n % QSIZE);
+        self.mem.write_obj(base, GuestAddress(slot)).unwrap();
+        self.mem
+            .write_obj(n + 1, GuestAddress(ring.avail() + 2))
+            .unwrap();
+    }
+
+    /// How many chains the device has returned on `ring`.
+    fn used_count(&self, ring: Ring) -> u16 {
+        self.mem.read_obj(GuestAddress(ring.used() + 2)).unwrap()
+    }
+
+    /// Posts an RX chain.
+    fn post_rx_chain(&mut self, descs: &[Descriptor]) {
+        self.push(self.rx, self.rx_posted, descs);
+        self.rx_posted += 1;
     }
 
     /// Posts `n` RX buffers of a header and 4 KiB, as Linux 6.1 does (two descriptors).
     fn post_rx(&mut self, n: u16) {
         for _ in 0..n {
             let at = RX_BUFS + u64::from(self.rx_posted % 16) * 0x2000;
-            let descs = [
+            self.post_rx_chain(&[
                 Descriptor::new(at, HEADER_LEN as u32, WRITE, 0),
                 Descriptor::new(at + 0x100, 4096, WRITE, 0),
-            ];
-            Driver::push(&self.rx, &mut self.rx_posted, &descs);
+            ]);
         }
     }
 
     /// Packets the device put in RX buffers since the last call.
     fn received(&mut self) -> Vec<(Header, Vec<u8>)> {
-        let all = used(self.mem, &self.rx);
+        let used_idx = self.used_count(self.rx);
         let mut out = Vec::new();
-        for &(head, len) in &all[usize::from(self.rx_seen)..] {
+        for k in self.rx_seen..used_idx {
+            let entry = self.rx.used() + 4 + 8 * u64::from(k % QSIZE);
+            let head: u32 = self.mem.read_obj(GuestAddress(entry)).unwrap();
+            let len: u32 = self.mem.read_obj(GuestAddress(entry + 4)).unwrap();
             let at = RX_BUFS + u64::from(head / 4) * 0x2000;
             let mut raw = [0u8; HEADER_LEN];
             self.mem.read_slice(&mut raw, GuestAddress(at)).unwrap();
@@ -105,7 +149,7 @@ impl<'m> Driver<'m> {
                 .unwrap();
             out.push((h, payload));
         }
-        self.rx_seen = all.len() as u16;
+        self.rx_seen = used_idx;
         out
     }
 
@@ -122,12 +166,13 @@ impl<'m> Driver<'m> {
         if !payload.is_empty() {
             descs.push(Descriptor::new(at + 0x100, payload.len() as u32, 0, 0));
         }
-        Driver::push(&self.tx, &mut self.tx_posted, &descs);
+        self.send_raw(&descs);
     }
 
     /// Queues a raw chain on TX.
     fn send_raw(&mut self, descs: &[Descriptor]) {
-        Driver::push(&self.tx, &mut self.tx_posted, descs);
+        self.push(self.tx, self.tx_posted, descs);
+        self.tx_posted += 1;
     }
 }
 
@@ -156,17 +201,14 @@ fn rig<'m>(mem: &'m GuestMemory, dir: &std::path::Path) -> (Vsock, Driver<'m>, A
         metrics: metrics.clone(),
     })
     .unwrap();
-    let mqs: Vec<_> = (0..3)
-        .map(|i| MockSplitQueue::create(mem, GuestAddress(0x20_0000 + 0x1_0000 * i), QSIZE))
-        .collect();
-    let queues = mqs.iter().map(|q| q.create_queue().unwrap()).collect();
+    let rings: Vec<Ring> = (0..3).map(|i| Ring(0x20_0000 + 0x1_0000 * i)).collect();
+    let queues = rings.iter().map(|r| r.queue()).collect();
     let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     dev.activate(mem.clone(), queues, irq).unwrap();
-    let mut mqs = mqs.into_iter();
     let driver = Driver {
         mem,
-        rx: mqs.next().unwrap(),
-        tx: mqs.next().unwrap(),
+        rx: rings[0],
+        tx: rings[1],
         rx_posted: 0,
         rx_seen: 0,
         tx_posted: 0,
@@ -427,4 +469,49 @@ fn hostile_packets_are_dropped_or_reset_and_the_device_keeps_working() {
     let mut b = [0u8; 2];
     host.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"ok");
+}
+
+#[test]
+fn a_guest_that_sends_without_reading_stalls_its_own_tx_queue_not_ember() {
+    let s = scratch("stall");
+    let mem = memory();
+    let (mut dev, mut d, _) = rig(&mem, &s.0);
+    // 272 packets for no connection, each owed an RST, with no RX buffers at first: after
+    // 256 the device stops reading them.
+    for _ in 0..17 {
+        for i in 0..16 {
+            d.send(header(OP_RW, 9000 + i, 1, 0), &[]);
+        }
+        dev.process_tx();
+    }
+    assert_eq!(dev.orphan_rsts.len(), super::MAX_ORPHAN_RSTS);
+    assert!(dev.tx_stalled);
+    assert_eq!(d.used_count(d.tx), 256, "16 packets wait in the ring");
+    let mut rsts = 0;
+    for _ in 0..40 {
+        d.post_rx(16);
+        dev.process_rx();
+        rsts += d.received().iter().filter(|(h, _)| h.op == OP_RST).count();
+    }
+    assert_eq!(rsts, 272);
+    assert!(!dev.tx_stalled);
+}
+
+#[test]
+fn a_receive_buffer_with_no_room_after_the_header_is_not_the_end_of_the_stream() {
+    let s = scratch("tiny");
+    let mem = memory();
+    let (mut dev, mut d, metrics) = rig(&mem, &s.0);
+    let (mut host, _) = host_connection(&mut dev, &mut d);
+    host.write_all(b"data").unwrap();
+    // A header-only buffer first, then a real one.
+    let at = RX_BUFS + 0x3_0000;
+    d.post_rx_chain(&[Descriptor::new(at, HEADER_LEN as u32, WRITE, 0)]);
+    pump(&mut dev);
+    assert_eq!(metrics.invalid_packets.total(), 1);
+    d.rx_seen += 1;
+    d.post_rx(1);
+    dev.process_rx();
+    let got = d.received();
+    assert_eq!((got[0].0.op, got[0].1.as_slice()), (OP_RW, &b"data"[..]));
 }
