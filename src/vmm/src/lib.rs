@@ -22,6 +22,7 @@ pub mod microvm;
 pub mod pvm;
 pub mod resources;
 pub mod rpc;
+pub mod snapshot;
 pub mod vcpu;
 pub mod vm;
 
