@@ -86,7 +86,8 @@ pub struct Conn {
     pub shutdown_flags: u32,
     /// In the device's queue of connections with something for the guest.
     pub queued: bool,
-    /// When the guest's answer (a RESPONSE, or an RST after a full SHUTDOWN) is overdue.
+    /// When the host's `CONNECT` line, or the guest's answer (a RESPONSE, or an RST after a
+    /// full SHUTDOWN), is overdue.
     pub deadline: Option<Instant>,
     credit_requested: bool,
     /// The host's writing end was shut down (the guest will send no more).

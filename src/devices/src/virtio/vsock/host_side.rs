@@ -7,7 +7,7 @@ use event_manager::{EventOps, Events};
 use vmm_sys_util::epoll::EventSet;
 
 use super::conn::{owe, Conn, Line, State};
-use super::{Vsock, FIRST_HOST_PORT, MAX_CONNS};
+use super::{Vsock, CONNECT_LINE_TIMEOUT, FIRST_HOST_PORT, MAX_CONNS};
 
 impl Vsock {
     /// Takes every connection waiting on the listener.
@@ -19,7 +19,10 @@ impl Vsock {
                         log::debug!("vsock: a host connection refused");
                         continue;
                     }
-                    let id = self.add_conn(Conn::host_initiated(stream));
+                    let mut conn = Conn::host_initiated(stream);
+                    // A host that never names a port does not hold a slot for long.
+                    conn.deadline = Some(Instant::now() + CONNECT_LINE_TIMEOUT);
+                    let id = self.add_conn(conn);
                     self.read_connect_line(id);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -56,6 +59,7 @@ impl Vsock {
                 conn.local_port = local;
                 conn.peer_port = peer;
                 conn.state = State::Requested;
+                conn.deadline = None;
                 conn.owed = owe::REQUEST;
                 self.ports.insert((local, peer), id);
                 self.schedule(id);
@@ -96,7 +100,8 @@ impl Vsock {
         self.schedule(id);
     }
 
-    /// Connections whose guest did not answer in time are reset.
+    /// Connections whose guest did not answer in time are reset; host connections that did
+    /// not send their `CONNECT` line in time are closed.
     pub(super) fn on_timer(&mut self) {
         let now = Instant::now();
         let late: Vec<u32> = self

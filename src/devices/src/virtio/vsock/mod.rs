@@ -55,6 +55,8 @@ pub const MAX_CONNS: usize = 1023;
 const MAX_ORPHAN_RSTS: usize = 256;
 /// How long the guest has to answer a REQUEST, or a full SHUTDOWN with an RST.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a host connection has to send its `CONNECT` line.
+pub const CONNECT_LINE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Ports ember gives host-initiated connections start here.
 const FIRST_HOST_PORT: u32 = 1 << 30;
 

@@ -515,3 +515,26 @@ fn a_receive_buffer_with_no_room_after_the_header_is_not_the_end_of_the_stream()
     let got = d.received();
     assert_eq!((got[0].0.op, got[0].1.as_slice()), (OP_RW, &b"data"[..]));
 }
+
+#[test]
+fn a_host_connection_that_never_names_a_port_is_closed_after_its_deadline() {
+    let s = scratch("silent");
+    let mem = memory();
+    let (mut dev, _d, _) = rig(&mem, &s.0);
+    let mut host = UnixStream::connect(dev.uds_path.clone()).unwrap();
+    host.write_all(b"CONN").unwrap();
+    dev.accept_all();
+    assert_eq!(dev.connections(), 1);
+    let deadline = dev.conns.values().next().unwrap().deadline.unwrap();
+    let wait = deadline - std::time::Instant::now();
+    assert!(wait > super::CONNECT_LINE_TIMEOUT / 2, "{wait:?}");
+    for c in dev.conns.values_mut() {
+        c.deadline = Some(std::time::Instant::now());
+    }
+    dev.on_timer();
+    assert_eq!(dev.connections(), 0);
+    dev.closed.clear();
+    let mut rest = Vec::new();
+    host.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+}
