@@ -34,6 +34,7 @@ enum Route {
     MmdsConfig,
     Entropy,
     Vsock,
+    SnapshotCreate,
     Balloon,
     BalloonStats,
     Actions,
@@ -54,7 +55,9 @@ impl Route {
             (Route::BootSource | Route::Actions | Route::Logger | Route::Metrics, _) => &["PUT"],
             (Route::Drive | Route::NetworkInterface, _) => &["PUT", "PATCH"],
             (Route::Mmds, _) => &["GET", "PUT", "PATCH"],
-            (Route::MmdsConfig | Route::Entropy | Route::Vsock, _) => &["PUT"],
+            (Route::MmdsConfig | Route::Entropy | Route::Vsock | Route::SnapshotCreate, _) => {
+                &["PUT"]
+            }
             (Route::VmState, _) => &["PATCH"],
             (Route::Balloon, _) | (_, ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
             (Route::BalloonStats, _) => &["GET", "PATCH"],
@@ -90,7 +93,8 @@ fn route(path: &[&str]) -> Option<Route> {
         }
         ["logger"] => Logger,
         ["metrics"] => Metrics,
-        ["snapshot", "create" | "load"] => Later(vmm::config::Later::Snapshots),
+        ["snapshot", "create"] => SnapshotCreate,
+        ["snapshot", "load"] => Later(vmm::config::Later::Snapshots),
         ["cpu-config"] => Unsupported("custom CPU templates (PUT /cpu-config)"),
         ["pmem", _] => Unsupported("virtio-pmem devices (/pmem)"),
         ["hotplug", "memory"] => Unsupported("memory hotplug (/hotplug/memory)"),
@@ -240,6 +244,7 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::MmdsConfig, _) => VmmAction::PutMmdsConfig(body::<MmdsConfig>(req, "mmds-config")?),
         (Route::Entropy, _) => VmmAction::PutEntropy(body::<EntropyDeviceConfig>(req, "entropy")?),
         (Route::Vsock, _) => VmmAction::PutVsock(body(req, "vsock")?),
+        (Route::SnapshotCreate, _) => VmmAction::CreateSnapshot(body(req, "snapshot")?),
         (Route::Balloon, "GET") => VmmAction::GetBalloon,
         (Route::Balloon, "PUT") => VmmAction::PutBalloon(body(req, "balloon")?),
         (Route::Balloon, _) => VmmAction::PatchBalloon(body(req, "balloon")?),

@@ -294,6 +294,7 @@ fn assemble(
     let (pio, mmio) = (Arc::new(pio), Arc::new(mmio));
     let mut vcpus = Vec::with_capacity(usize::from(machine.vcpu_count));
     let mut stats = Vec::with_capacity(usize::from(machine.vcpu_count));
+    let msr_indices = Arc::new(caps.msr_indices.clone());
     for index in 0..machine.vcpu_count {
         let fd = vm.create_vcpu(index)?;
         let topo = Topology {
@@ -308,15 +309,18 @@ fn assemble(
         });
         Vcpu::configure(&fd, topo, &caps, entry)?;
         stats.extend(VcpuStats::open(&fd).map(|st| (index, st)));
-        vcpus.push(Vcpu::new(
-            index,
-            fd,
-            pio.clone(),
-            mmio.clone(),
-            exit.clone(),
-            mem.clone(),
-            metrics.clone(),
-        ));
+        vcpus.push(
+            Vcpu::new(
+                index,
+                fd,
+                pio.clone(),
+                mmio.clone(),
+                exit.clone(),
+                mem.clone(),
+                metrics.clone(),
+            )
+            .with_snapshot_msrs(msr_indices.clone()),
+        );
     }
 
     Ok(Parts {

@@ -313,6 +313,7 @@ impl Controller {
             | VmmAction::FlushMetrics
             | VmmAction::Pause
             | VmmAction::Resume
+            | VmmAction::CreateSnapshot(_)
                 if !booted =>
             {
                 Err(ActionError::NotSupportedPreBoot)
@@ -374,6 +375,10 @@ impl Controller {
             }
             VmmAction::Resume => {
                 self.running()?.resume();
+                Ok(VmmData::Empty)
+            }
+            VmmAction::CreateSnapshot(params) => {
+                self.running()?.create_snapshot(&params)?;
                 Ok(VmmData::Empty)
             }
         }

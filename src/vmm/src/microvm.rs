@@ -13,6 +13,7 @@ use event_manager::{EventManager, SubscriberOps};
 
 use crate::event_loop::Subscriber;
 use crate::memory::GuestMemory;
+use crate::snapshot::{MicrovmState, SnapshotCreateParams, SnapshotError, SnapshotType};
 use crate::vcpu::control::{self, VcpuHandle};
 use crate::vcpu::stats::VcpuStats;
 use crate::vcpu::{self, Vcpu};
@@ -53,8 +54,8 @@ pub struct MicroVm {
     i8042: Arc<Mutex<I8042>>,
     paused: bool,
     /// Kept alive for the VM's lifetime: KVM's memory slots point into it.
-    _memory: GuestMemory,
-    _vm: Vm,
+    memory: GuestMemory,
+    vm: Vm,
 }
 
 impl std::fmt::Debug for MicroVm {
@@ -84,8 +85,8 @@ impl MicroVm {
             stats,
             i8042,
             paused: false,
-            _memory: memory,
-            _vm: vm,
+            memory,
+            vm,
         }
     }
 
@@ -137,6 +138,37 @@ impl MicroVm {
     pub fn resume(&mut self) {
         control::resume_all(&self.handles);
         self.paused = false;
+    }
+
+    /// `PUT /snapshot/create`: the state file and the memory file of the paused microVM.
+    pub fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), SnapshotError> {
+        if !self.paused {
+            return Err(SnapshotError::NotPaused);
+        }
+        if params.snapshot_type == SnapshotType::Diff {
+            return Err(SnapshotError::Diff);
+        }
+        let d = &self.devices;
+        let mut kinds = Vec::new();
+        for (kind, present) in [
+            ("block", !d.blocks.is_empty()),
+            ("net", !d.nets.is_empty()),
+            ("entropy", d.entropy.is_some()),
+            ("balloon", d.balloon.is_some()),
+            ("vsock", d.vsock.is_some()),
+        ] {
+            if present {
+                kinds.push(kind);
+            }
+        }
+        if !kinds.is_empty() {
+            return Err(SnapshotError::Devices(kinds.join(", ")));
+        }
+        let vcpus = control::save_all(&self.handles).map_err(SnapshotError::Vcpu)?;
+        let vm = crate::snapshot::state::save_vm(self.vm.fd())?;
+        let memory = crate::snapshot::write_memory(&self.memory, &params.mem_file_path)?;
+        let state = MicrovmState { memory, vcpus, vm };
+        crate::snapshot::write_state(&params.snapshot_path, &state)
     }
 
     /// Presses and releases Ctrl+Alt+Del on the i8042 keyboard.

@@ -52,6 +52,7 @@ pub enum VmmAction {
     FlushMetrics,
     Pause,
     Resume,
+    CreateSnapshot(crate::snapshot::SnapshotCreateParams),
 }
 
 /// `GET /`: Firecracker's `InstanceInfo`.
@@ -108,6 +109,8 @@ pub enum ActionError {
     },
     #[error("{0}")]
     Metrics(#[from] crate::metrics_writer::Error),
+    #[error("Cannot create the snapshot: {0}")]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
 }
 
 pub type ActionResult = Result<VmmData, ActionError>;

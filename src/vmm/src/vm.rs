@@ -81,6 +81,10 @@ impl Vm {
         Ok(Vm { kvm, fd })
     }
 
+    pub fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+
     pub fn host_caps(&self) -> Result<HostCaps, Error> {
         let supported_cpuid = self
             .kvm

@@ -247,6 +247,14 @@ impl Ember {
         ember
     }
 
+    /// How many `tick N` lines the test guest (`ticks` mode) has printed so far.
+    pub fn ticks(&self) -> usize {
+        self.guest_lines()
+            .iter()
+            .filter(|l| l.starts_with("tick "))
+            .count()
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(&self.sock)
     }

@@ -50,6 +50,8 @@ pub struct Vcpu {
     mem: GuestMemory,
     metrics: Arc<telemetry::Metrics>,
     control: Arc<VcpuControl>,
+    /// The MSRs a snapshot saves (KVM's list).
+    msr_indices: Arc<Vec<u32>>,
 }
 
 impl Vcpu {
@@ -128,7 +130,14 @@ impl Vcpu {
             mem,
             metrics,
             control: Arc::default(),
+            msr_indices: Arc::default(),
         }
+    }
+
+    /// The MSRs a snapshot of this vCPU saves (KVM's list; none by default).
+    pub fn with_snapshot_msrs(mut self, msr_indices: Arc<Vec<u32>>) -> Self {
+        self.msr_indices = msr_indices;
+        self
     }
 
     /// Starts the thread `ember_vcpuN`. It installs the vCPU seccomp filter, then runs until
@@ -196,7 +205,10 @@ impl Vcpu {
                 self.exit.report(reason);
                 return;
             }
-            self.control.park_if_paused();
+            let (fd, index, msrs) = (&self.fd, self.index, &self.msr_indices);
+            self.control.park_if_paused(|| {
+                crate::snapshot::state::save_vcpu(fd, index, msrs).map_err(|e| e.to_string())
+            });
         }
     }
 }
