@@ -15,7 +15,7 @@ use common::api::Ember;
 use common::linux::*;
 use common::vsock::*;
 use common::*;
-use guest_agent::{pattern_checksum, Checksum, Pattern};
+use guest_agent::{pattern_checksum, read_checksum, write_pattern, Checksum};
 use serde_json::json;
 
 const PORT: u32 = 5000;
@@ -23,34 +23,12 @@ const MIB: u64 = 1 << 20;
 
 /// Writes `len` bytes of `Pattern::new(seed)` to `s`.
 fn send_pattern(s: &mut UnixStream, len: u64, seed: u64) {
-    let mut pattern = Pattern::new(seed);
-    let mut buf = vec![0u8; 1 << 16];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        pattern.fill(&mut buf[..n]);
-        s.write_all(&buf[..n]).unwrap();
-        left -= n as u64;
-    }
+    write_pattern(s, len, seed).unwrap();
 }
 
 /// Reads `s` to its end: the byte count and checksum.
 fn drain(s: &mut impl Read) -> (u64, u64) {
-    drain_after(s, Checksum::default())
-}
-
-/// Reads `s` to its end, adding to `sum`: the byte count and checksum.
-fn drain_after(s: &mut impl Read, mut sum: Checksum) -> (u64, u64) {
-    let mut buf = vec![0u8; 1 << 16];
-    let mut total = 0u64;
-    loop {
-        let n = s.read(&mut buf).unwrap();
-        if n == 0 {
-            return (total, sum.value());
-        }
-        sum.update(&buf[..n]);
-        total += n as u64;
-    }
+    read_checksum(s, Checksum::default()).unwrap()
 }
 
 fn checksum_line(len: u64, seed: u64) -> String {
@@ -262,6 +240,6 @@ fn a_stopped_reader_blocks_the_guest_writer(ember: &Ember, uds: &Path) {
     );
     let mut sum = Checksum::default();
     sum.update(&head);
-    let (rest, sum) = drain_after(&mut s, sum);
+    let (rest, sum) = read_checksum(&mut s, sum).unwrap();
     assert_eq!((rest + MIB, sum), (64 * MIB, pattern_checksum(5, 64 * MIB)));
 }

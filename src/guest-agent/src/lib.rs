@@ -60,6 +60,36 @@ impl Checksum {
     }
 }
 
+/// Writes the first `len` bytes of `Pattern::new(seed)` to `w`; returns their checksum.
+pub fn write_pattern(w: &mut impl std::io::Write, len: u64, seed: u64) -> std::io::Result<u64> {
+    let mut pattern = Pattern::new(seed);
+    let mut sum = Checksum::default();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        pattern.fill(&mut buf[..n]);
+        sum.update(&buf[..n]);
+        w.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    Ok(sum.value())
+}
+
+/// Reads `r` to its end, going on from `sum`: the byte count and the checksum.
+pub fn read_checksum(r: &mut impl std::io::Read, mut sum: Checksum) -> std::io::Result<(u64, u64)> {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            return Ok((total, sum.value()));
+        }
+        sum.update(&buf[..n]);
+        total += n as u64;
+    }
+}
+
 /// The checksum of the first `len` bytes of `Pattern::new(seed)`.
 pub fn pattern_checksum(seed: u64, len: u64) -> u64 {
     let mut pattern = Pattern::new(seed);
@@ -92,6 +122,11 @@ mod tests {
         let mut sum = Checksum::default();
         sum.update(&whole);
         assert_eq!(sum.value(), pattern_checksum(7, 1000));
+        let mut written = Vec::new();
+        assert_eq!(write_pattern(&mut written, 1000, 7).unwrap(), sum.value());
+        assert_eq!(written, whole);
+        let read = read_checksum(&mut &written[..], Checksum::default()).unwrap();
+        assert_eq!(read, (1000, sum.value()));
         assert_ne!(pattern_checksum(7, 1000), pattern_checksum(8, 1000));
     }
 }

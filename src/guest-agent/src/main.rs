@@ -32,7 +32,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
-use guest_agent::{Checksum, Pattern};
+use guest_agent::{write_pattern, Checksum};
 
 const CHUNK: usize = 1 << 18;
 
@@ -131,28 +131,17 @@ fn number(s: &str) -> Result<u64> {
 }
 
 fn send(host: &str, port: &str, bytes: &str, seed: &str) -> Result<String> {
-    let (mut left, seed) = (number(bytes)?, number(seed)?);
+    let (total, seed) = (number(bytes)?, number(seed)?);
     let mut stream = TcpStream::connect(addr(host, port)?).map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let mut pattern = Pattern::new(seed);
-    let mut sum = Checksum::default();
-    let mut buf = vec![0u8; CHUNK];
-    let total = left;
-    while left > 0 {
-        let n = left.min(CHUNK as u64) as usize;
-        pattern.fill(&mut buf[..n]);
-        sum.update(&buf[..n]);
-        stream.write_all(&buf[..n]).map_err(|e| e.to_string())?;
-        left -= n as u64;
-    }
+    let sum = write_pattern(&mut stream, total, seed).map_err(|e| e.to_string())?;
     stream
         .shutdown(std::net::Shutdown::Write)
         .map_err(|e| e.to_string())?;
     // Wait for the peer to finish reading, so the time covers the whole transfer.
-    let _ = stream.read(&mut buf);
+    let _ = stream.read(&mut [0u8; 1]);
     Ok(format!(
-        "sent {total} checksum {:016x} in {} ms",
-        sum.value(),
+        "sent {total} checksum {sum:016x} in {} ms",
         started.elapsed().as_millis()
     ))
 }

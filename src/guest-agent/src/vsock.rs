@@ -19,7 +19,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use guest_agent::{Checksum, Pattern};
+use guest_agent::{read_checksum, write_pattern, Checksum, Pattern};
 
 use crate::number;
 
@@ -140,23 +140,8 @@ fn echo(mut reader: BufReader<File>, mut out: File) -> io::Result<()> {
     }
 }
 
-/// Reads to the end: the count and checksum.
-fn drain(r: &mut impl Read) -> io::Result<(u64, u64)> {
-    let mut buf = vec![0u8; CHUNK];
-    let mut sum = Checksum::default();
-    let mut total = 0u64;
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            return Ok((total, sum.value()));
-        }
-        sum.update(&buf[..n]);
-        total += n as u64;
-    }
-}
-
 fn sink(reader: &mut BufReader<File>) -> io::Result<String> {
-    let (n, sum) = drain(reader)?;
+    let (n, sum) = read_checksum(reader, Checksum::default())?;
     Ok(format!("received {n} checksum {sum:016x}"))
 }
 
@@ -213,24 +198,13 @@ fn send(port: &str, bytes: &str, seed: &str) -> String {
     let run = || -> Result<String, String> {
         let (port, total, seed) = (port_of(port)?, number(bytes)?, number(seed)?);
         let mut s = connect(port).map_err(|e| format!("refused {e}"))?;
-        let mut pattern = Pattern::new(seed);
-        let mut sum = Checksum::default();
-        let mut buf = vec![0u8; CHUNK];
-        let mut left = total;
-        while left > 0 {
-            let n = left.min(CHUNK as u64) as usize;
-            pattern.fill(&mut buf[..n]);
-            sum.update(&buf[..n]);
-            s.write_all(&buf[..n]).map_err(|e| format!("write: {e}"))?;
-            left -= n as u64;
-        }
+        let sum = write_pattern(&mut s, total, seed).map_err(|e| format!("write: {e}"))?;
         shutdown_write(&s);
         let mut reply = String::new();
         s.read_to_string(&mut reply)
             .map_err(|e| format!("read: {e}"))?;
         Ok(format!(
-            "sent {total} checksum {:016x} reply {}",
-            sum.value(),
+            "sent {total} checksum {sum:016x} reply {}",
             reply.trim_end()
         ))
     };
@@ -240,7 +214,8 @@ fn send(port: &str, bytes: &str, seed: &str) -> String {
 fn fetch(port: &str) -> String {
     let run = || -> Result<String, String> {
         let mut s = connect(port_of(port)?).map_err(|e| format!("refused {e}"))?;
-        let (n, sum) = drain(&mut s).map_err(|e| format!("read: {e}"))?;
+        let (n, sum) =
+            read_checksum(&mut s, Checksum::default()).map_err(|e| format!("read: {e}"))?;
         Ok(format!("received {n} checksum {sum:016x}"))
     };
     run().unwrap_or_else(|e| e)

@@ -2,7 +2,7 @@
 //! namespace the test creates and removes, so no traffic reaches any other network. Host-side
 //! peers run on threads that joined the namespace.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::Command;
@@ -277,14 +277,6 @@ pub fn sink(ns: &NetNs, addr: &str, skip: u64) -> std::thread::JoinHandle<Receiv
 /// A peer that sends `len` bytes of the guest agent's pattern from `seed` to one connection.
 pub fn source(ns: &NetNs, addr: &str, len: u64, seed: u64) -> std::thread::JoinHandle<()> {
     peer(ns, addr, move |mut stream| {
-        let mut pattern = guest_agent::Pattern::new(seed);
-        let mut buf = vec![0u8; 1 << 18];
-        let mut left = len;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            pattern.fill(&mut buf[..n]);
-            stream.write_all(&buf[..n]).unwrap();
-            left -= n as u64;
-        }
+        guest_agent::write_pattern(&mut stream, len, seed).unwrap();
     })
 }
