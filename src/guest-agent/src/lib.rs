@@ -92,17 +92,7 @@ pub fn read_checksum(r: &mut impl std::io::Read, mut sum: Checksum) -> std::io::
 
 /// The checksum of the first `len` bytes of `Pattern::new(seed)`.
 pub fn pattern_checksum(seed: u64, len: u64) -> u64 {
-    let mut pattern = Pattern::new(seed);
-    let mut sum = Checksum::default();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        pattern.fill(&mut buf[..n]);
-        sum.update(&buf[..n]);
-        left -= n as u64;
-    }
-    sum.value()
+    write_pattern(&mut std::io::sink(), len, seed).expect("the sink takes every byte")
 }
 
 #[cfg(test)]
