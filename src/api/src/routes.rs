@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use vmm::config::{
     parse_json_in, valid_id, BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig,
-    Later, LoggerConfig, MachineConfig, MachineConfigUpdate, MetricsConfig, MmdsConfig,
+    LoggerConfig, MachineConfig, MachineConfigUpdate, MetricsConfig, MmdsConfig,
     NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
 };
 use vmm::rpc::VmmAction;
@@ -35,6 +35,7 @@ enum Route {
     Entropy,
     Vsock,
     SnapshotCreate,
+    SnapshotLoad,
     Balloon,
     BalloonStats,
     Actions,
@@ -42,7 +43,6 @@ enum Route {
     Metrics,
     VmConfig,
     VmState,
-    Later(Later),
     Unsupported(&'static str),
 }
 
@@ -55,9 +55,14 @@ impl Route {
             (Route::BootSource | Route::Actions | Route::Logger | Route::Metrics, _) => &["PUT"],
             (Route::Drive | Route::NetworkInterface, _) => &["PUT", "PATCH"],
             (Route::Mmds, _) => &["GET", "PUT", "PATCH"],
-            (Route::MmdsConfig | Route::Entropy | Route::Vsock | Route::SnapshotCreate, _) => {
-                &["PUT"]
-            }
+            (
+                Route::MmdsConfig
+                | Route::Entropy
+                | Route::Vsock
+                | Route::SnapshotCreate
+                | Route::SnapshotLoad,
+                _,
+            ) => &["PUT"],
             (Route::VmState, _) => &["PATCH"],
             (Route::Balloon, _) | (_, ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
             (Route::BalloonStats, _) => &["GET", "PATCH"],
@@ -94,7 +99,7 @@ fn route(path: &[&str]) -> Option<Route> {
         ["logger"] => Logger,
         ["metrics"] => Metrics,
         ["snapshot", "create"] => SnapshotCreate,
-        ["snapshot", "load"] => Later(vmm::config::Later::Snapshots),
+        ["snapshot", "load"] => SnapshotLoad,
         ["cpu-config"] => Unsupported("custom CPU templates (PUT /cpu-config)"),
         ["pmem", _] => Unsupported("virtio-pmem devices (/pmem)"),
         ["hotplug", "memory"] => Unsupported("memory hotplug (/hotplug/memory)"),
@@ -245,6 +250,7 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::Entropy, _) => VmmAction::PutEntropy(body::<EntropyDeviceConfig>(req, "entropy")?),
         (Route::Vsock, _) => VmmAction::PutVsock(body(req, "vsock")?),
         (Route::SnapshotCreate, _) => VmmAction::CreateSnapshot(body(req, "snapshot")?),
+        (Route::SnapshotLoad, _) => VmmAction::LoadSnapshot(body(req, "snapshot")?),
         (Route::Balloon, "GET") => VmmAction::GetBalloon,
         (Route::Balloon, "PUT") => VmmAction::PutBalloon(body(req, "balloon")?),
         (Route::Balloon, _) => VmmAction::PatchBalloon(body(req, "balloon")?),
@@ -275,7 +281,6 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
             VmState::Paused => VmmAction::Pause,
             VmState::Resumed => VmmAction::Resume,
         },
-        (Route::Later(later), _) => return Err(config_error(&ConfigError::NotYet(later))),
         (Route::Unsupported(what), _) => return Err(config_error(&ConfigError::Unsupported(what))),
     })
 }

@@ -544,7 +544,6 @@ fn unknown_paths_wrong_methods_and_later_features() {
     // Paths of features Ember does not have yet: 400 naming the feature.
     for (method, path, feature) in [
         ("PATCH", "/balloon/hinting/start", "free page hinting"),
-        ("PUT", "/snapshot/load", "snapshots"),
         ("PUT", "/cpu-config", "custom CPU templates"),
         ("PUT", "/pmem/p0", "virtio-pmem"),
         ("GET", "/hotplug/memory", "memory hotplug"),

@@ -13,6 +13,9 @@
  *   keyboard    before "done", print each byte the i8042 keyboard sends until Ctrl+Alt+Del
  *               has been pressed and released (the API's SendCtrlAltDel)
  *   ticks       after "done", print "tick N" every 10^8 TSC cycles, forever (for pausing)
+ *   disklog     with ticks: before printing tick N, write the 512-byte record "TICK" + N
+ *               (little-endian u64) to sector N % 64 of the first disk; a failed write
+ *               prints "tick N disk status=S" instead (for snapshots: the queue goes on)
  */
 
 typedef unsigned char u8;
@@ -511,10 +514,19 @@ static void read_keys(void) {
 
 /* Progress that stops when the vCPU does: one line per 10^8 TSC cycles. */
 static __attribute__((noreturn)) void ticks(void) {
+    int disklog = has_word("disklog") && disks[0].base;
     u64 next = rdtsc() + 100000000UL;
     for (u64 n = 0;; n++) {
         while (rdtsc() < next) pause();
         next = rdtsc() + 100000000UL;
+        if (disklog) {
+            u32 used;
+            memset(buf, 0, 512);
+            memcpy(buf, "TICK", 4);
+            *(u64 *)(buf + 4) = n;
+            u32 st = blk_request(&disks[0], T_OUT, n % 64, (u64)buf, 512, 0, &used);
+            if (st) { line("tick "); putdec(n); puts(" disk status="); putdec(st); end(); continue; }
+        }
         line("tick "); putdec(n); end();
     }
 }

@@ -9,7 +9,7 @@ use arch::boot_params::{self, InitrdPlacement};
 use arch::cpuid::Topology;
 use arch::layout::{self, CMDLINE_ADDR, CMDLINE_MAX_SIZE, FIRST_VIRTIO_IRQ, I8042_IRQ, SERIAL_IRQ};
 use arch::{BootProtocol, KernelEntry};
-use devices::legacy::{i8042, BootTimer, Serial, I8042};
+use devices::legacy::{i8042, BootTimer, Serial, SerialSnapshot, I8042};
 use devices::virtio::balloon::{Balloon, BalloonConfig};
 use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
@@ -28,6 +28,7 @@ use crate::event_loop::{ResetWatcher, Subscriber};
 use crate::memory::{self, GuestMemory};
 use crate::microvm::{Devices, MicroVm};
 use crate::resources::VmResources;
+use crate::snapshot::MicrovmState;
 use crate::vcpu::stats::VcpuStats;
 use crate::vcpu::{self, BootEntry, Vcpu};
 use crate::vm::{self, Vm};
@@ -89,6 +90,14 @@ pub enum BuildError {
     TooManyDevices,
     #[error("cannot copy the console's file descriptors: {0}")]
     Console(#[source] std::io::Error),
+    #[error("the snapshot's serial console state is not valid: {0}")]
+    SerialState(#[source] std::io::Error),
+    #[error("{0}")]
+    State(#[from] crate::snapshot::state::StateError),
+    #[error("{0}")]
+    DeviceState(#[from] devices::virtio::snapshot::RestoreError),
+    #[error("the snapshot has {saved} virtio devices; its configuration makes {built}")]
+    DeviceCount { saved: usize, built: usize },
 }
 
 /// Where the guest's serial console goes and comes from. Each build takes copies of the
@@ -124,51 +133,103 @@ pub fn build(
 
     let vm = Vm::new()?;
     let mem = memory::create(mem_bytes)?;
+    let track_dirty = machine.track_dirty_pages;
     // Registering guest memory mostly waits inside KVM (several ms on kvm_pvm hosts), and
     // nothing before the first KVM_RUN needs it: run it while the rest is assembled.
     let (slots, parts) = std::thread::scope(|scope| {
-        let slots = scope.spawn(|| vm.register_memory(&mem));
-        let parts = assemble(
-            &vm, &mem, mem_bytes, boot, resources, console, exit, mmds, metrics,
-        );
+        let slots = scope.spawn(|| vm.register_memory(&mem, track_dirty));
+        let ctx = Context {
+            vm: &vm,
+            mem: &mem,
+            resources,
+            console,
+            exit,
+            mmds,
+            metrics,
+        };
+        let parts = assemble(&ctx, mem_bytes, boot);
         (slots.join(), parts)
     });
     slots.map_err(|_| BuildError::MemoryThread)??;
     let parts = parts?;
-    Ok(MicroVm::new(
-        parts.vcpus,
-        parts.stats,
-        parts.subscribers,
-        parts.devices,
-        parts.i8042,
-        mem,
-        vm,
-    ))
+    Ok(MicroVm::new(parts, mem, vm, track_dirty))
+}
+
+/// Rebuilds a snapshot's microVM from `resources` (its configuration, overrides applied) on
+/// `mem` (its guest RAM, already in place): the same devices at the same addresses, in their
+/// saved state, and the vCPUs and VM in KVM's saved state. Nothing runs yet.
+#[allow(clippy::too_many_arguments)]
+pub fn restore(
+    resources: &VmResources,
+    state: &MicrovmState,
+    mem: GuestMemory,
+    track_dirty: bool,
+    clock_realtime: bool,
+    console: &Console,
+    exit: &Arc<ExitSignal>,
+    shared: (&mmds::SharedStore, &Arc<telemetry::Metrics>),
+) -> Result<MicroVm, BuildError> {
+    let (mmds, metrics) = shared;
+    let vm = Vm::new()?;
+    vm.register_memory(&mem, track_dirty)?;
+    let caps = vm.host_caps()?;
+    let ctx = Context {
+        vm: &vm,
+        mem: &mem,
+        resources,
+        console,
+        exit,
+        mmds,
+        metrics,
+    };
+    let attached = attach_devices(&ctx, Some(&state.devices.serial))?;
+    let transports = &attached.devices.transports;
+    if transports.len() != state.devices.virtio.len() {
+        return Err(BuildError::DeviceCount {
+            saved: state.devices.virtio.len(),
+            built: transports.len(),
+        });
+    }
+    let machine = &resources.machine_config;
+    let (vcpus, stats) = create_vcpus(&ctx, &attached, &caps, |index, fd| {
+        // CPUID first (KVM takes it only before the vCPU runs), then the saved state.
+        Vcpu::configure(fd, topology(machine, index), &caps, None)?;
+        let saved = &state.vcpus[usize::from(index)];
+        Ok(crate::snapshot::state::restore_vcpu(fd, index, saved)?)
+    })?;
+    crate::snapshot::state::restore_vm(vm.fd(), &state.vm, clock_realtime)?;
+    if let (Some(balloon), Some(pages)) = (
+        &attached.devices.balloon,
+        state.devices.balloon_actual_pages,
+    ) {
+        devices::bus::lock(balloon).restore_actual_pages(pages);
+    }
+    for (transport, saved) in transports.iter().zip(&state.devices.virtio) {
+        devices::bus::lock(transport).restore(saved)?;
+    }
+    let parts = Parts {
+        vcpus,
+        stats,
+        subscribers: attached.subscribers,
+        devices: attached.devices,
+        i8042: attached.i8042,
+    };
+    Ok(MicroVm::new(parts, mem, vm, track_dirty))
 }
 
 /// What [`assemble`] makes.
-struct Parts {
-    vcpus: Vec<Vcpu>,
-    stats: Vec<(u8, VcpuStats)>,
-    subscribers: Vec<Subscriber>,
-    devices: Devices,
-    i8042: Arc<Mutex<I8042>>,
+pub(crate) struct Parts {
+    pub vcpus: Vec<Vcpu>,
+    pub stats: Vec<(u8, VcpuStats)>,
+    pub subscribers: Vec<Subscriber>,
+    pub devices: Devices,
+    pub i8042: Arc<Mutex<I8042>>,
 }
 
 /// Everything but the memory slots: kernel, initrd, devices, boot tables, vCPUs.
-#[allow(clippy::too_many_arguments)]
-fn assemble(
-    vm: &Vm,
-    mem: &GuestMemory,
-    mem_bytes: u64,
-    boot: &BootSourceConfig,
-    resources: &VmResources,
-    console: &Console,
-    exit: &Arc<ExitSignal>,
-    mmds: &mmds::SharedStore,
-    metrics: &Arc<telemetry::Metrics>,
-) -> Result<Parts, BuildError> {
-    let machine = &resources.machine_config;
+fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Parts, BuildError> {
+    let (vm, mem) = (ctx.vm, ctx.mem);
+    let machine = &ctx.resources.machine_config;
     let kernel = load_kernel(mem, &boot.kernel_image_path)?;
     let low_ram_end = mem_bytes.min(layout::MMIO_GAP_START);
     let initrd = match &boot.initrd_path {
@@ -187,17 +248,126 @@ fn assemble(
         None => None,
     };
 
-    let mut subscribers: Vec<Subscriber> = Vec::new();
-    let mut pio = Bus::new();
-    let mut mmio = Bus::new();
     let caps = vm.host_caps()?;
     let mut cmdline = boot.boot_args().to_string();
     if caps.pvm {
         cmdline.push(' ');
         cmdline.push_str(crate::pvm::BOOT_ARGS);
     }
+    let attached = attach_devices(ctx, None)?;
+    cmdline.push_str(&attached.kernel_args);
 
-    let i8042 = attach_legacy(vm, &mut pio, &mut subscribers, console, exit)?;
+    write_cmdline(mem, &cmdline)?;
+    write_boot_info(
+        mem,
+        &kernel,
+        initrd,
+        machine.vcpu_count,
+        mem_bytes,
+        cmdline.len() + 1,
+    )?;
+    let cr3 = arch::paging::write_identity_tables(mem)?;
+    let entry = BootEntry {
+        protocol: kernel.protocol,
+        entry: kernel.entry,
+        cr3,
+    };
+    let (vcpus, stats) = create_vcpus(ctx, &attached, &caps, |index, fd| {
+        let topo = topology(machine, index);
+        Vcpu::configure(fd, topo, &caps, (index == 0).then_some(entry))?;
+        Ok(())
+    })?;
+    Ok(Parts {
+        vcpus,
+        stats,
+        subscribers: attached.subscribers,
+        devices: attached.devices,
+        i8042: attached.i8042,
+    })
+}
+
+/// What every build step reads.
+struct Context<'a> {
+    vm: &'a Vm,
+    mem: &'a GuestMemory,
+    resources: &'a VmResources,
+    console: &'a Console,
+    exit: &'a Arc<ExitSignal>,
+    mmds: &'a mmds::SharedStore,
+    metrics: &'a Arc<telemetry::Metrics>,
+}
+
+/// The devices on their buses, and what the kernel must be told of them.
+struct Attached {
+    pio: Arc<Bus>,
+    mmio: Arc<Bus>,
+    subscribers: Vec<Subscriber>,
+    devices: Devices,
+    i8042: Arc<Mutex<I8042>>,
+    /// The root device's and the virtio-mmio devices' command-line entries.
+    kernel_args: String,
+}
+
+fn topology(machine: &config::MachineConfig, index: u8) -> Topology {
+    Topology {
+        cpu_index: index,
+        count: machine.vcpu_count,
+        smt: machine.smt,
+    }
+}
+
+/// KVM's counters of each vCPU that has them, by vCPU index.
+type VcpuCounters = Vec<(u8, VcpuStats)>;
+
+/// Creates the vCPUs, each set up by `setup` (boot state or a snapshot's).
+fn create_vcpus(
+    ctx: &Context,
+    attached: &Attached,
+    caps: &vm::HostCaps,
+    mut setup: impl FnMut(u8, &kvm_ioctls::VcpuFd) -> Result<(), BuildError>,
+) -> Result<(Vec<Vcpu>, VcpuCounters), BuildError> {
+    let count = ctx.resources.machine_config.vcpu_count;
+    let mut vcpus = Vec::with_capacity(usize::from(count));
+    let mut stats = Vec::with_capacity(usize::from(count));
+    let msr_indices = Arc::new(caps.msr_indices.clone());
+    for index in 0..count {
+        let fd = ctx.vm.create_vcpu(index)?;
+        setup(index, &fd)?;
+        stats.extend(VcpuStats::open(&fd).map(|st| (index, st)));
+        vcpus.push(
+            Vcpu::new(
+                index,
+                fd,
+                attached.pio.clone(),
+                attached.mmio.clone(),
+                ctx.exit.clone(),
+                ctx.mem.clone(),
+                ctx.metrics.clone(),
+            )
+            .with_snapshot_msrs(msr_indices.clone()),
+        );
+    }
+    Ok((vcpus, stats))
+}
+
+/// Puts the legacy devices and every configured virtio device on their buses, the serial
+/// port in `serial` state if given (a snapshot's).
+fn attach_devices(ctx: &Context, serial: Option<&SerialSnapshot>) -> Result<Attached, BuildError> {
+    let (vm, mem, resources, mmds, metrics) =
+        (ctx.vm, ctx.mem, ctx.resources, ctx.mmds, ctx.metrics);
+    let mut subscribers: Vec<Subscriber> = Vec::new();
+    let mut pio = Bus::new();
+    let mut mmio = Bus::new();
+    let mut cmdline = String::new();
+    let mut devices = Devices::default();
+    let i8042 = attach_legacy(
+        vm,
+        &mut pio,
+        &mut subscribers,
+        &mut devices,
+        (ctx.console, serial),
+        ctx.exit,
+    )?;
     // Like Firecracker, the boot timer takes the first MMIO window and the drives follow it.
     let mut window = 0;
     if let Some(start) = resources.boot_timer {
@@ -206,7 +376,6 @@ fn assemble(
         window = 1;
     }
     let mut slot = 0;
-    let mut devices = Devices::default();
     for drive in resources.drives() {
         let config = block_config(drive, metrics);
         let block = Block::new(&config).map_err(|source| BuildError::Drive {
@@ -214,7 +383,15 @@ fn assemble(
             source,
         })?;
         let block = Arc::new(Mutex::new(block));
-        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, block.clone(), window + slot, slot)?;
+        let (addr, irq) = attach_virtio(
+            vm,
+            mem,
+            &mut mmio,
+            &mut devices,
+            block.clone(),
+            window + slot,
+            slot,
+        )?;
         subscribers.push(block.clone());
         devices.blocks.push((drive.drive_id.clone(), block));
         slot += 1;
@@ -230,7 +407,15 @@ fn assemble(
             source,
         })?;
         let net = Arc::new(Mutex::new(net));
-        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, net.clone(), window + slot, slot)?;
+        let (addr, irq) = attach_virtio(
+            vm,
+            mem,
+            &mut mmio,
+            &mut devices,
+            net.clone(),
+            window + slot,
+            slot,
+        )?;
         subscribers.push(net.clone());
         devices.nets.push((iface.iface_id.clone(), net));
         slot += 1;
@@ -243,7 +428,15 @@ fn assemble(
         };
         let rng = Entropy::new(&config).map_err(BuildError::EventFd)?;
         let rng = Arc::new(Mutex::new(rng));
-        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, rng.clone(), window + slot, slot)?;
+        let (addr, irq) = attach_virtio(
+            vm,
+            mem,
+            &mut mmio,
+            &mut devices,
+            rng.clone(),
+            window + slot,
+            slot,
+        )?;
         subscribers.push(rng.clone());
         devices.entropy = Some(rng);
         slot += 1;
@@ -258,7 +451,15 @@ fn assemble(
         };
         let balloon = Balloon::new(&config).map_err(BuildError::EventFd)?;
         let balloon = Arc::new(Mutex::new(balloon));
-        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, balloon.clone(), window + slot, slot)?;
+        let (addr, irq) = attach_virtio(
+            vm,
+            mem,
+            &mut mmio,
+            &mut devices,
+            balloon.clone(),
+            window + slot,
+            slot,
+        )?;
         subscribers.push(balloon.clone());
         devices.balloon = Some(balloon);
         slot += 1;
@@ -274,61 +475,26 @@ fn assemble(
         };
         let vsock = Vsock::new(config).map_err(BuildError::Vsock)?;
         let vsock = Arc::new(Mutex::new(vsock));
-        let (addr, irq) = attach_virtio(vm, mem, &mut mmio, vsock.clone(), window + slot, slot)?;
+        let (addr, irq) = attach_virtio(
+            vm,
+            mem,
+            &mut mmio,
+            &mut devices,
+            vsock.clone(),
+            window + slot,
+            slot,
+        )?;
         subscribers.push(vsock.clone());
         devices.vsock = Some(vsock);
         cmdline.push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
     }
-
-    write_cmdline(mem, &cmdline)?;
-    write_boot_info(
-        mem,
-        &kernel,
-        initrd,
-        machine.vcpu_count,
-        mem_bytes,
-        cmdline.len() + 1,
-    )?;
-    let cr3 = arch::paging::write_identity_tables(mem)?;
-
-    let (pio, mmio) = (Arc::new(pio), Arc::new(mmio));
-    let mut vcpus = Vec::with_capacity(usize::from(machine.vcpu_count));
-    let mut stats = Vec::with_capacity(usize::from(machine.vcpu_count));
-    let msr_indices = Arc::new(caps.msr_indices.clone());
-    for index in 0..machine.vcpu_count {
-        let fd = vm.create_vcpu(index)?;
-        let topo = Topology {
-            cpu_index: index,
-            count: machine.vcpu_count,
-            smt: machine.smt,
-        };
-        let entry = (index == 0).then_some(BootEntry {
-            protocol: kernel.protocol,
-            entry: kernel.entry,
-            cr3,
-        });
-        Vcpu::configure(&fd, topo, &caps, entry)?;
-        stats.extend(VcpuStats::open(&fd).map(|st| (index, st)));
-        vcpus.push(
-            Vcpu::new(
-                index,
-                fd,
-                pio.clone(),
-                mmio.clone(),
-                exit.clone(),
-                mem.clone(),
-                metrics.clone(),
-            )
-            .with_snapshot_msrs(msr_indices.clone()),
-        );
-    }
-
-    Ok(Parts {
-        vcpus,
-        stats,
+    Ok(Attached {
+        pio: Arc::new(pio),
+        mmio: Arc::new(mmio),
         subscribers,
         devices,
         i8042,
+        kernel_args: cmdline,
     })
 }
 
@@ -346,7 +512,8 @@ fn attach_legacy(
     vm: &Vm,
     pio: &mut Bus,
     subscribers: &mut Vec<Subscriber>,
-    console: &Console,
+    devices: &mut Devices,
+    (console, saved): (&Console, Option<&SerialSnapshot>),
     exit: &Arc<ExitSignal>,
 ) -> Result<Arc<Mutex<I8042>>, BuildError> {
     let serial_irq = eventfd()?;
@@ -356,10 +523,15 @@ fn attach_legacy(
         Some(f) => Some(f.try_clone().map_err(BuildError::Console)?),
         None => None,
     };
-    let serial = Serial::new(serial_irq, Box::new(output), input).map_err(BuildError::EventFd)?;
+    let serial = match saved {
+        Some(saved) => Serial::restored(serial_irq, Box::new(output), input, saved)
+            .map_err(BuildError::SerialState)?,
+        None => Serial::new(serial_irq, Box::new(output), input).map_err(BuildError::EventFd)?,
+    };
     let serial = Arc::new(Mutex::new(serial));
     pio.insert(COM1_BASE, COM1_LEN, serial.clone())?;
-    subscribers.push(serial);
+    subscribers.push(serial.clone());
+    devices.serial = Some(serial);
 
     let reset = eventfd()?;
     let kbd_irq = eventfd()?;
@@ -422,6 +594,7 @@ fn attach_virtio(
     vm: &Vm,
     mem: &GuestMemory,
     mmio: &mut Bus,
+    devices: &mut Devices,
     device: Arc<Mutex<dyn VirtioDevice>>,
     window: u32,
     index: u32,
@@ -441,11 +614,9 @@ fn attach_virtio(
     let irq_evt = eventfd()?;
     vm.register_irqfd(&irq_evt, irq)?;
     let transport = MmioTransport::new(device, mem.clone(), Arc::new(IrqTrigger::new(irq_evt)));
-    mmio.insert(
-        addr,
-        layout::VIRTIO_MMIO_SIZE,
-        Arc::new(Mutex::new(transport)),
-    )?;
+    let transport = Arc::new(Mutex::new(transport));
+    mmio.insert(addr, layout::VIRTIO_MMIO_SIZE, transport.clone())?;
+    devices.transports.push(transport);
     Ok((addr, irq))
 }
 

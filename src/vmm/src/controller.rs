@@ -13,10 +13,13 @@ use crate::config::{
     PartialNetworkInterface, RateLimiterConfig,
 };
 use crate::event_loop::{Subscriber, Wakeup};
+use crate::memory;
 use crate::metrics_writer::MetricsWriter;
 use crate::microvm::MicroVm;
 use crate::resources::VmResources;
 use crate::rpc::{self, ActionError, ActionResult, InstanceInfo, VmmAction, VmmData, VmmSide};
+use crate::snapshot::load::{LoadError, Memory, SnapshotLoadParams};
+use crate::snapshot::{uffd, Setup};
 use crate::{ExitSignal, VmExit};
 
 /// How long the VMM thread polls for the next request after answering one.
@@ -47,6 +50,8 @@ pub struct Controller {
     event_manager: EventManager<Subscriber>,
     api: Option<VmmSide>,
     vm: Option<MicroVm>,
+    /// A boot-specific resource was set, so a snapshot can no longer be loaded.
+    configured: bool,
     /// Installed on the vCPU threads as they start, and on this thread once they have.
     filters: seccomp::Filters,
 }
@@ -97,6 +102,7 @@ impl Controller {
             event_manager,
             api,
             vm: None,
+            configured: false,
             filters: seccomp::Filters::builtin(),
         })
     }
@@ -115,7 +121,7 @@ impl Controller {
         if let Some(config) = &self.resources.mmds_config {
             mmds::lock(&self.mmds).configure(config.version, config.imds_compat);
         }
-        let mut vm = builder::build(
+        let vm = builder::build(
             &self.resources,
             &self.console,
             &self.exit,
@@ -123,6 +129,11 @@ impl Controller {
             &self.metrics,
         )
         .map_err(|e| ActionError::Start(e.to_string()))?;
+        self.launch(vm)
+    }
+
+    /// Starts a built (or restored) microVM's vCPU threads and devices.
+    fn launch(&mut self, mut vm: MicroVm) -> Result<(), ActionError> {
         vm.start(&mut self.event_manager, &self.filters)
             .map_err(|e| ActionError::Start(e.to_string()))?;
         self.vm = Some(vm);
@@ -273,9 +284,6 @@ impl Controller {
     pub fn handle(&mut self, action: VmmAction) -> ActionResult {
         log::debug!("API request: {action:?}");
         let booted = self.vm.is_some();
-        let empty = |r: Result<(), crate::config::ConfigError>| {
-            r.map(|()| VmmData::Empty).map_err(ActionError::Config)
-        };
         match action {
             VmmAction::GetInstanceInfo => Ok(VmmData::InstanceInfo(InstanceInfo {
                 app_name: "Ember".into(),
@@ -302,6 +310,7 @@ impl Controller {
             | VmmAction::PutLogger(_)
             | VmmAction::PutMetrics(_)
             | VmmAction::InstanceStart
+            | VmmAction::LoadSnapshot(_)
                 if booted =>
             {
                 Err(ActionError::NotSupportedPostBoot)
@@ -319,21 +328,21 @@ impl Controller {
                 Err(ActionError::NotSupportedPreBoot)
             }
             VmmAction::PutMachineConfig(machine) => {
-                empty(self.resources.set_machine_config(machine))
+                self.configured(|r| r.set_machine_config(machine))
             }
             VmmAction::PatchMachineConfig(update) => {
                 let machine = update.apply(&self.resources.machine_config);
-                empty(self.resources.set_machine_config(machine))
+                self.configured(|r| r.set_machine_config(machine))
             }
-            VmmAction::PutBootSource(boot) => empty(self.resources.set_boot_source(boot)),
-            VmmAction::PutDrive(drive) => empty(self.resources.replace_drive(drive)),
+            VmmAction::PutBootSource(boot) => self.configured(|r| r.set_boot_source(boot)),
+            VmmAction::PutDrive(drive) => self.configured(|r| r.replace_drive(drive)),
             VmmAction::PutNetworkInterface(iface) => {
-                empty(self.resources.replace_network_interface(iface))
+                self.configured(|r| r.replace_network_interface(iface))
             }
-            VmmAction::PutMmdsConfig(config) => empty(self.resources.set_mmds_config(config)),
-            VmmAction::PutEntropy(config) => empty(self.resources.set_entropy(config)),
-            VmmAction::PutVsock(config) => empty(self.resources.set_vsock(config)),
-            VmmAction::PutBalloon(config) => empty(self.resources.set_balloon(config)),
+            VmmAction::PutMmdsConfig(config) => self.configured(|r| r.set_mmds_config(config)),
+            VmmAction::PutEntropy(config) => self.configured(|r| r.set_entropy(config)),
+            VmmAction::PutVsock(config) => self.configured(|r| r.set_vsock(config)),
+            VmmAction::PutBalloon(config) => self.configured(|r| r.set_balloon(config)),
             VmmAction::PatchBalloon(update) => self.patch_balloon(update),
             VmmAction::PatchBalloonStats(update) => self.patch_balloon_stats(update),
             VmmAction::GetBalloon => match self.resources.balloon() {
@@ -378,10 +387,77 @@ impl Controller {
                 Ok(VmmData::Empty)
             }
             VmmAction::CreateSnapshot(params) => {
-                self.running()?.create_snapshot(&params)?;
+                let setup = Setup {
+                    config: self.resources.to_config(),
+                    boot_timer: self.resources.boot_timer.is_some(),
+                    mmds: mmds::lock(&self.mmds).document(),
+                };
+                self.running()?.create_snapshot(&params, setup)?;
                 Ok(VmmData::Empty)
             }
+            VmmAction::LoadSnapshot(params) => self.load_snapshot(&params),
         }
+    }
+
+    /// A boot-specific setting; once one is taken, a snapshot can no longer be loaded.
+    fn configured(
+        &mut self,
+        set: impl FnOnce(&mut VmResources) -> Result<(), ConfigError>,
+    ) -> ActionResult {
+        set(&mut self.resources)?;
+        self.configured = true;
+        Ok(VmmData::Empty)
+    }
+
+    /// `PUT /snapshot/load`: rebuilds the snapshot's microVM, paused unless `resume_vm`.
+    fn load_snapshot(&mut self, params: &SnapshotLoadParams) -> ActionResult {
+        let fail = ActionError::LoadSnapshot;
+        if self.configured {
+            return Err(fail(LoadError::Configured.into()));
+        }
+        let prepared = params.prepare().map_err(|e| fail(e.into()))?;
+        let state = &prepared.state;
+        let resources = prepared.resources;
+        if let Some(config) = &resources.mmds_config {
+            mmds::lock(&self.mmds).configure(config.version, config.imds_compat);
+        }
+        if !state.mmds.is_null() {
+            mmds::lock(&self.mmds).put(state.mmds.clone())?;
+        }
+        let (mem, uffd_path) = match &prepared.memory {
+            Memory::File(file) => (memory::from_file(file, &state.memory), None),
+            Memory::Uffd(path) => (memory::create_regions(&state.memory), Some(path)),
+        };
+        let build_err = |e: String| fail(LoadError::Build(e).into());
+        let mem = mem.map_err(|e| build_err(e.to_string()))?;
+        let uffd = match uffd_path {
+            Some(path) => {
+                Some(uffd::hand_over(&mem, path).map_err(|e| fail(LoadError::from(e).into()))?)
+            }
+            None => None,
+        };
+        let mut vm = builder::restore(
+            &resources,
+            state,
+            mem,
+            params.dirty_tracking(),
+            params.clock_realtime,
+            &self.console,
+            &self.exit,
+            (&self.mmds, &self.metrics),
+        )
+        .map_err(|e| build_err(e.to_string()))?;
+        if let Some(uffd) = uffd {
+            vm.keep_uffd(uffd);
+        }
+        if !params.resume_vm {
+            vm.start_paused();
+        }
+        self.resources = resources;
+        self.resources.machine_config.track_dirty_pages = params.dirty_tracking();
+        self.configured = true;
+        self.launch(vm)?;
+        Ok(VmmData::Empty)
     }
 
     /// `PATCH /balloon`: the new target is recorded, and given to the running balloon.

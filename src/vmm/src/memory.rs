@@ -1,9 +1,15 @@
 //! Guest RAM: anonymous, private, not reserved up front (MAP_NORESERVE), laid out around the
-//! MMIO gap by [`arch::layout::ram_regions`]. Pages cost host memory only once touched.
+//! MMIO gap by [`arch::layout::ram_regions`]. Pages cost host memory only once touched. A
+//! restored microVM's RAM is instead the snapshot's memory file mapped copy-on-write.
 
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use std::fs::File;
 
-pub type GuestMemory = GuestMemoryMmap<()>;
+use vm_memory::bitmap::{AtomicBitmap, NewBitmap};
+use vm_memory::mmap::MmapRegionBuilder;
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+
+/// Devices' writes are logged in each region's bitmap, for diff snapshots.
+pub type GuestMemory = devices::virtio::GuestMemory;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -26,4 +32,50 @@ pub fn create(mem_bytes: u64) -> Result<GuestMemory, Error> {
         mib,
         reason: e.to_string(),
     })
+}
+
+/// Maps guest RAM from a snapshot's memory file, region after region (`regions`: guest
+/// address and length, in the file's order). The mapping is private: a page is read from the
+/// file when the guest first touches it, and what the guest writes stays in this process.
+pub fn from_file(file: &File, regions: &[(u64, u64)]) -> Result<GuestMemory, Error> {
+    let total: u64 = regions.iter().map(|r| r.1).sum();
+    let fail = |reason: String| Error::Map {
+        mib: total >> 20,
+        reason,
+    };
+    let mut mapped = Vec::with_capacity(regions.len());
+    let mut offset = 0u64;
+    for &(addr, len) in regions {
+        let size = usize::try_from(len).map_err(|_| fail("a region is too large".into()))?;
+        let file = file.try_clone().map_err(|e| fail(e.to_string()))?;
+        let region = MmapRegionBuilder::new_with_bitmap(size, AtomicBitmap::with_len(size))
+            .with_file_offset(FileOffset::new(file, offset))
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+            .build()
+            .map_err(|e| fail(e.to_string()))?;
+        let region = GuestRegionMmap::new(region, GuestAddress(addr))
+            .ok_or_else(|| fail(format!("the region at {addr:#x} wraps around")))?;
+        mapped.push(region);
+        offset += len;
+    }
+    GuestMemoryMmap::from_regions(mapped).map_err(|e| fail(e.to_string()))
+}
+
+/// Anonymous guest RAM laid out as `regions` (guest address, length): a snapshot's, for a
+/// page-fault handler to fill.
+pub fn create_regions(regions: &[(u64, u64)]) -> Result<GuestMemory, Error> {
+    let total: u64 = regions.iter().map(|r| r.1).sum();
+    let fail = |reason: String| Error::Map {
+        mib: total >> 20,
+        reason,
+    };
+    let ranges = regions
+        .iter()
+        .map(|&(addr, len)| {
+            let len = usize::try_from(len).map_err(|_| fail("a region is too large".into()))?;
+            Ok((GuestAddress(addr), len))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    GuestMemoryMmap::from_ranges(&ranges).map_err(|e| fail(e.to_string()))
 }

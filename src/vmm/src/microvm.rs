@@ -3,17 +3,21 @@
 
 use std::sync::{Arc, Mutex};
 
-use devices::legacy::I8042;
+use devices::legacy::{Serial, I8042};
 use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
 use devices::virtio::net::Net;
 use devices::virtio::rng::Entropy;
 use devices::virtio::vsock::Vsock;
+use devices::virtio::MmioTransport;
 use event_manager::{EventManager, SubscriberOps};
 
+use crate::builder::Parts;
 use crate::event_loop::Subscriber;
 use crate::memory::GuestMemory;
-use crate::snapshot::{MicrovmState, SnapshotCreateParams, SnapshotError, SnapshotType};
+use crate::snapshot::{
+    DeviceStates, MicrovmState, Setup, SnapshotCreateParams, SnapshotError, SnapshotType,
+};
 use crate::vcpu::control::{self, VcpuHandle};
 use crate::vcpu::stats::VcpuStats;
 use crate::vcpu::{self, Vcpu};
@@ -32,6 +36,9 @@ pub enum Error {
 /// The virtio devices by ID, for the API's changes after boot.
 #[derive(Debug, Default)]
 pub struct Devices {
+    pub serial: Option<Arc<Mutex<Serial>>>,
+    /// Every virtio-mmio transport, in the order of their MMIO windows.
+    pub transports: Vec<Arc<Mutex<MmioTransport>>>,
     pub blocks: Vec<(String, Arc<Mutex<Block>>)>,
     pub nets: Vec<(String, Arc<Mutex<Net>>)>,
     pub entropy: Option<Arc<Mutex<Entropy>>>,
@@ -56,6 +63,10 @@ pub struct MicroVm {
     /// Kept alive for the VM's lifetime: KVM's memory slots point into it.
     memory: GuestMemory,
     vm: Vm,
+    /// KVM logs the pages the guest writes (`track_dirty_pages`): diff snapshots work.
+    track_dirty: bool,
+    /// The Uffd backend's descriptor, kept open while the VM runs.
+    uffd: Option<std::os::fd::OwnedFd>,
 }
 
 impl std::fmt::Debug for MicroVm {
@@ -68,25 +79,32 @@ impl std::fmt::Debug for MicroVm {
 }
 
 impl MicroVm {
-    pub(crate) fn new(
-        vcpus: Vec<Vcpu>,
-        stats: Vec<(u8, VcpuStats)>,
-        subscribers: Vec<Subscriber>,
-        devices: Devices,
-        i8042: Arc<Mutex<I8042>>,
-        memory: GuestMemory,
-        vm: Vm,
-    ) -> Self {
+    pub(crate) fn new(parts: Parts, memory: GuestMemory, vm: Vm, track_dirty: bool) -> Self {
         MicroVm {
-            vcpus,
+            vcpus: parts.vcpus,
             handles: Vec::new(),
-            subscribers,
-            devices,
-            stats,
-            i8042,
+            subscribers: parts.subscribers,
+            devices: parts.devices,
+            stats: parts.stats,
+            i8042: parts.i8042,
             paused: false,
             memory,
             vm,
+            track_dirty,
+            uffd: None,
+        }
+    }
+
+    /// Keeps the Uffd backend's descriptor for the VM's life.
+    pub(crate) fn keep_uffd(&mut self, uffd: std::os::fd::OwnedFd) {
+        self.uffd = Some(uffd);
+    }
+
+    /// Makes [`MicroVm::start`] leave the vCPUs paused (a restored microVM not resumed yet).
+    pub(crate) fn start_paused(&mut self) {
+        self.paused = true;
+        for vcpu in &self.vcpus {
+            vcpu.hold();
         }
     }
 
@@ -140,34 +158,56 @@ impl MicroVm {
         self.paused = false;
     }
 
-    /// `PUT /snapshot/create`: the state file and the memory file of the paused microVM.
-    pub fn create_snapshot(&self, params: &SnapshotCreateParams) -> Result<(), SnapshotError> {
+    /// `PUT /snapshot/create`: the state file and the memory file of the paused microVM, with
+    /// `setup` (its configuration and MMDS data) from the VMM thread.
+    pub fn create_snapshot(
+        &self,
+        params: &SnapshotCreateParams,
+        setup: Setup,
+    ) -> Result<(), SnapshotError> {
         if !self.paused {
             return Err(SnapshotError::NotPaused);
         }
-        if params.snapshot_type == SnapshotType::Diff {
+        if params.snapshot_type == SnapshotType::Diff && !self.track_dirty {
             return Err(SnapshotError::Diff);
-        }
-        let d = &self.devices;
-        let mut kinds = Vec::new();
-        for (kind, present) in [
-            ("block", !d.blocks.is_empty()),
-            ("net", !d.nets.is_empty()),
-            ("entropy", d.entropy.is_some()),
-            ("balloon", d.balloon.is_some()),
-            ("vsock", d.vsock.is_some()),
-        ] {
-            if present {
-                kinds.push(kind);
-            }
-        }
-        if !kinds.is_empty() {
-            return Err(SnapshotError::Devices(kinds.join(", ")));
         }
         let vcpus = control::save_all(&self.handles).map_err(SnapshotError::Vcpu)?;
         let vm = crate::snapshot::state::save_vm(self.vm.fd())?;
-        let memory = crate::snapshot::write_memory(&self.memory, &params.mem_file_path)?;
-        let state = MicrovmState { memory, vcpus, vm };
+        let d = &self.devices;
+        let devices = DeviceStates {
+            serial: d
+                .serial
+                .as_ref()
+                .map(|s| devices::bus::lock(s).snapshot())
+                .unwrap_or_default(),
+            virtio: d
+                .transports
+                .iter()
+                .map(|t| devices::bus::lock(t).snapshot())
+                .collect(),
+            balloon_actual_pages: d
+                .balloon
+                .as_ref()
+                .map(|b| devices::bus::lock(b).actual_pages()),
+        };
+        let memory = match params.snapshot_type {
+            SnapshotType::Full => {
+                let (mem, path) = (&self.memory, &params.mem_file_path);
+                crate::snapshot::write_memory(mem, &self.vm, self.track_dirty, path)?
+            }
+            SnapshotType::Diff => {
+                crate::snapshot::write_diff_memory(&self.memory, &self.vm, &params.mem_file_path)?
+            }
+        };
+        let state = MicrovmState {
+            config: setup.config,
+            boot_timer: setup.boot_timer,
+            memory,
+            vcpus,
+            vm,
+            devices,
+            mmds: setup.mmds,
+        };
         crate::snapshot::write_state(&params.snapshot_path, &state)
     }
 

@@ -42,8 +42,23 @@ impl VmResources {
     pub fn from_json(text: &str) -> Result<Self, ConfigError> {
         let config: VmConfig = parse_json(text)?;
         config.check_later()?;
+        if config.boot_source.is_none() {
+            return Err(ConfigError::NoBootSource);
+        }
+        Self::from_config(config)
+    }
+
+    /// A snapshot's configuration, checked as a config file's is; it needs no boot source.
+    pub fn from_snapshot(config: VmConfig) -> Result<Self, ConfigError> {
+        config.check_later()?;
+        Self::from_config(config)
+    }
+
+    fn from_config(config: VmConfig) -> Result<Self, ConfigError> {
         let mut resources = VmResources::default();
-        resources.set_boot_source(config.boot_source.ok_or(ConfigError::NoBootSource)?)?;
+        if let Some(boot) = config.boot_source {
+            resources.set_boot_source(boot)?;
+        }
         if let Some(machine) = config.machine_config {
             resources.set_machine_config(machine)?;
         }

@@ -10,7 +10,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{
     BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate, BootSourceConfig, ConfigError,
-    DriveConfig, EntropyDeviceConfig, Later, LoggerConfig, MachineConfig, MachineConfigUpdate,
+    DriveConfig, EntropyDeviceConfig, LoggerConfig, MachineConfig, MachineConfigUpdate,
     MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
     VmConfig, VsockDeviceConfig,
 };
@@ -53,6 +53,7 @@ pub enum VmmAction {
     Pause,
     Resume,
     CreateSnapshot(crate::snapshot::SnapshotCreateParams),
+    LoadSnapshot(crate::snapshot::load::SnapshotLoadParams),
 }
 
 /// `GET /`: Firecracker's `InstanceInfo`.
@@ -90,8 +91,6 @@ pub enum ActionError {
     Config(#[from] ConfigError),
     #[error("Start microvm error: {0}")]
     Start(String),
-    #[error("{0}")]
-    NotYet(Later),
     #[error("The requested operation is not supported before starting the microVM.")]
     NotSupportedPreBoot,
     #[error("The requested operation is not supported after starting the microVM.")]
@@ -111,6 +110,8 @@ pub enum ActionError {
     Metrics(#[from] crate::metrics_writer::Error),
     #[error("Cannot create the snapshot: {0}")]
     Snapshot(#[from] crate::snapshot::SnapshotError),
+    #[error("Cannot load the snapshot: {0}")]
+    LoadSnapshot(#[source] crate::snapshot::SnapshotError),
 }
 
 pub type ActionResult = Result<VmmData, ActionError>;

@@ -3,7 +3,7 @@
 
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
-    KVM_PIT_SPEAKER_DUMMY,
+    KVM_MEM_LOG_DIRTY_PAGES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, IoEventAddress, Kvm, VcpuFd, VmFd};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -103,12 +103,17 @@ impl Vm {
         })
     }
 
-    /// Gives every region of `mem` to the guest, one KVM slot each.
-    pub fn register_memory(&self, mem: &GuestMemory) -> Result<(), Error> {
+    /// Gives every region of `mem` to the guest, one KVM slot each; with `track_dirty`, KVM
+    /// logs the pages the guest writes (for diff snapshots).
+    pub fn register_memory(&self, mem: &GuestMemory, track_dirty: bool) -> Result<(), Error> {
         for (slot, region) in mem.iter().enumerate() {
             let region_info = kvm_userspace_memory_region {
                 slot: slot as u32,
-                flags: 0,
+                flags: if track_dirty {
+                    KVM_MEM_LOG_DIRTY_PAGES
+                } else {
+                    0
+                },
                 guest_phys_addr: region.start_addr().0,
                 memory_size: region.len(),
                 userspace_addr: region.as_ptr() as u64,

@@ -8,3 +8,4 @@ pub mod serial;
 pub use boot_timer::BootTimer;
 pub use i8042::I8042;
 pub use serial::Serial;
+pub use serial::SerialSnapshot;

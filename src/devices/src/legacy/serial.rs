@@ -8,6 +8,8 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 
 use event_manager::{EventOps, Events, MutEventSubscriber};
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::Trigger;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
@@ -31,7 +33,23 @@ impl Trigger for IrqFdTrigger {
     }
 }
 
-type Uart = vm_superio::Serial<IrqFdTrigger, vm_superio::serial::NoEvents, Box<dyn Write + Send>>;
+type Uart = vm_superio::Serial<IrqFdTrigger, NoEvents, Box<dyn Write + Send>>;
+
+/// The UART's registers and receive FIFO, as a snapshot keeps them (vm-superio's
+/// `SerialState`, which has no serde support of its own).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SerialSnapshot {
+    pub divisor_low: u8,
+    pub divisor_high: u8,
+    pub interrupt_enable: u8,
+    pub interrupt_identification: u8,
+    pub line_control: u8,
+    pub line_status: u8,
+    pub modem_control: u8,
+    pub modem_status: u8,
+    pub scratch: u8,
+    pub fifo: Vec<u8>,
+}
 
 /// The serial port and its input source.
 pub struct Serial {
@@ -65,6 +83,54 @@ impl Serial {
             paused: false,
             resume: EventFd::new(libc::EFD_NONBLOCK)?,
         })
+    }
+
+    /// A serial port whose UART starts in the state `saved` (a snapshot's); a FIFO longer
+    /// than the UART's is refused.
+    pub fn restored(
+        irq: EventFd,
+        output: Box<dyn Write + Send>,
+        input: Option<File>,
+        saved: &SerialSnapshot,
+    ) -> io::Result<Self> {
+        let state = SerialState {
+            baud_divisor_low: saved.divisor_low,
+            baud_divisor_high: saved.divisor_high,
+            interrupt_enable: saved.interrupt_enable,
+            interrupt_identification: saved.interrupt_identification,
+            line_control: saved.line_control,
+            line_status: saved.line_status,
+            modem_control: saved.modem_control,
+            modem_status: saved.modem_status,
+            scratch: saved.scratch,
+            in_buffer: saved.fifo.clone(),
+        };
+        let uart = vm_superio::Serial::from_state(&state, IrqFdTrigger(irq), NoEvents, output)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))?;
+        Ok(Serial {
+            uart,
+            input,
+            pending: VecDeque::new(),
+            paused: false,
+            resume: EventFd::new(libc::EFD_NONBLOCK)?,
+        })
+    }
+
+    /// The UART's state for a snapshot. Input not yet in the FIFO stays with this process.
+    pub fn snapshot(&self) -> SerialSnapshot {
+        let s = self.uart.state();
+        SerialSnapshot {
+            divisor_low: s.baud_divisor_low,
+            divisor_high: s.baud_divisor_high,
+            interrupt_enable: s.interrupt_enable,
+            interrupt_identification: s.interrupt_identification,
+            line_control: s.line_control,
+            line_status: s.line_status,
+            modem_control: s.modem_control,
+            modem_status: s.modem_status,
+            scratch: s.scratch,
+            fifo: s.in_buffer,
+        }
     }
 
     /// Moves waiting input into the FIFO as far as it has room.
@@ -192,6 +258,35 @@ mod tests {
             got.push(b[0]);
         }
         assert_eq!(got, typed);
+    }
+
+    #[test]
+    fn a_restored_uart_has_the_saved_registers_and_fifo() {
+        let mut serial = Serial::new(EventFd::new(0).unwrap(), Box::new(io::sink()), None).unwrap();
+        serial.write(1, &[0x01]); // IER: receive interrupts
+        serial.write(7, &[0x5a]); // scratch
+        serial.push_input(b"abc");
+        let saved = serial.snapshot();
+        assert_eq!(saved.fifo, b"abc");
+        let mut copy =
+            Serial::restored(EventFd::new(0).unwrap(), Box::new(io::sink()), None, &saved).unwrap();
+        assert_eq!(copy.snapshot(), saved);
+        let mut b = [0u8];
+        copy.read(7, &mut b);
+        assert_eq!(b[0], 0x5a);
+        copy.read(0, &mut b);
+        assert_eq!(b[0], b'a');
+        let too_long = SerialSnapshot {
+            fifo: vec![0; 65],
+            ..saved
+        };
+        let refused = Serial::restored(
+            EventFd::new(0).unwrap(),
+            Box::new(io::sink()),
+            None,
+            &too_long,
+        );
+        assert!(refused.is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueState};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{GuestMemory, IrqTrigger};
@@ -46,6 +46,13 @@ pub trait VirtioDevice: Send {
     ) -> Result<(), ActivateError>;
     /// Stops the device after a driver reset, returning it to its pre-activation state.
     fn reset(&mut self);
+    /// The activated device's queues, in order, for a snapshot (empty before activation).
+    /// A chain the device has taken but not given back is counted as not taken, so the
+    /// restored device takes it again.
+    fn queue_states(&self) -> Vec<QueueState>;
+    /// Called once a restored device is active again (vsock tells the guest its connections
+    /// are gone here).
+    fn restored(&mut self) {}
 }
 
 /// Copies `src[offset..]` into `data`, zero-filling whatever lies past the end.

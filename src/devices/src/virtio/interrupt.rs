@@ -50,6 +50,14 @@ impl IrqTrigger {
         self.status.fetch_and(!bits, Ordering::SeqCst);
     }
 
+    /// Raises the status bits `bits` without interrupting (a restored device's pending ones).
+    pub fn set(&self, bits: u32) {
+        self.status.fetch_or(
+            bits & (VIRTIO_MMIO_INT_VRING | VIRTIO_MMIO_INT_CONFIG),
+            Ordering::SeqCst,
+        );
+    }
+
     pub fn clear(&self) {
         self.status.store(0, Ordering::SeqCst);
     }

@@ -12,6 +12,7 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_queue::{Queue, QueueT};
 
+use super::snapshot::{QueueSnapshot, RestoreError, TransportSnapshot};
 use super::{GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
 use crate::bus::{lock, BusDevice};
 
@@ -99,6 +100,83 @@ impl MmioTransport {
     /// The device status register, for tests and diagnostics.
     pub fn status(&self) -> u32 {
         self.status
+    }
+
+    /// The transport's registers and the queues' positions, for a snapshot of a paused VM.
+    pub fn snapshot(&self) -> TransportSnapshot {
+        let device = lock(&self.device);
+        let queues = match self.activated {
+            true => device.queue_states(),
+            false => self.queues.iter().map(Queue::state).collect(),
+        };
+        TransportSnapshot {
+            device_type: device.device_type(),
+            status: self.status,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            driver_features: self.driver_features,
+            queue_sel: self.queue_sel,
+            interrupt_status: self.irq.status(),
+            activated: self.activated,
+            queues: queues.into_iter().map(QueueSnapshot::from).collect(),
+        }
+    }
+
+    /// Puts a fresh transport (and its device) in the state `saved`; an activated device
+    /// starts again on its saved queues. Nothing in `saved` is trusted: a device of another
+    /// type, another queue count or a queue virtio-queue refuses is an error.
+    pub fn restore(&mut self, saved: &TransportSnapshot) -> Result<(), RestoreError> {
+        let device_type = lock(&self.device).device_type();
+        if saved.device_type != device_type {
+            return Err(RestoreError::DeviceType {
+                saved: saved.device_type,
+                here: device_type,
+            });
+        }
+        if saved.queues.len() != self.queues.len() {
+            return Err(RestoreError::QueueCount {
+                device_type,
+                saved: saved.queues.len(),
+                here: self.queues.len(),
+            });
+        }
+        let mut queues = Vec::with_capacity(saved.queues.len());
+        for (index, (q, fresh)) in saved.queues.iter().zip(&self.queues).enumerate() {
+            let bad = |reason: String| RestoreError::Queue {
+                device_type,
+                index,
+                reason,
+            };
+            if q.max_size != fresh.max_size() {
+                return Err(bad(format!("its largest size is {}", q.max_size)));
+            }
+            queues.push(q.to_queue().map_err(bad)?);
+        }
+        self.status = saved.status;
+        self.device_features_sel = saved.device_features_sel;
+        self.driver_features_sel = saved.driver_features_sel;
+        self.driver_features = saved.driver_features & lock(&self.device).avail_features();
+        self.queue_sel = saved.queue_sel;
+        self.irq.clear();
+        self.irq.set(saved.interrupt_status);
+        if self.status & FEATURES_OK != 0 {
+            lock(&self.device).set_acked_features(self.driver_features);
+        }
+        if !saved.activated {
+            self.queues = queues;
+            return Ok(());
+        }
+        let mut device = lock(&self.device);
+        device
+            .activate(self.mem.clone(), queues, self.irq.clone())
+            .map_err(|e| RestoreError::Activate {
+                device_type,
+                reason: e.to_string(),
+            })?;
+        self.activated = true;
+        self.queues.clear();
+        device.restored();
+        Ok(())
     }
 
     fn selected_queue(&mut self) -> Option<&mut Queue> {

@@ -9,6 +9,7 @@ pub mod interrupt;
 pub mod mmio;
 pub mod net;
 pub mod rng;
+pub mod snapshot;
 #[cfg(test)]
 mod test_utils;
 pub mod vsock;
@@ -17,5 +18,6 @@ pub use device::{ActivateError, VirtioDevice};
 pub use interrupt::{InterruptKind, IrqTrigger};
 pub use mmio::MmioTransport;
 
-/// Guest memory as devices see it.
-pub type GuestMemory = vm_memory::GuestMemoryMmap<()>;
+/// Guest memory as devices see it. Each region's bitmap records the pages the VMM writes
+/// (KVM logs the guest's own writes), for diff snapshots.
+pub type GuestMemory = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;

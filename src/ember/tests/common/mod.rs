@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub mod api;
 pub mod linux;
 pub mod netns;
+pub mod snapshot;
 pub mod vsock;
 
 pub const EMBER: &str = env!("CARGO_BIN_EXE_ember");

@@ -116,14 +116,6 @@ impl VmConfig {
     }
 }
 
-/// Firecracker features that Ember plans but does not have yet; the API and the config file
-/// name them when asked for one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Later {
-    #[error("snapshots are not available in Ember yet")]
-    Snapshots,
-}
-
 /// Why a configuration was refused; each variant is one sentence for the user.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -181,8 +173,6 @@ pub enum ConfigError {
     RefillTime { what: &'static str, size: u64 },
     #[error("the kernel command line must not contain a NUL byte")]
     BootArgsNul,
-    #[error("{0}")]
-    NotYet(Later),
     #[error("the vsock guest_cid must be at least 3 (0 to 2 are reserved), not {0}")]
     VsockCid(u32),
     #[error("the vsock uds_path {0:?} must be 1 to 96 bytes long, with no NUL byte")]

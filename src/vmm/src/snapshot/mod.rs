@@ -1,19 +1,25 @@
-//! Snapshots (issue 9, in progress). `PUT /snapshot/create` on a paused microVM writes the
-//! state file ([`file`]: versioned and checksummed) with the KVM state of its vCPUs and VM
-//! ([`state`]), and the memory file (guest RAM, region after region). Loading a snapshot,
-//! diff snapshots and device state are not built yet, so a microVM with virtio devices is
-//! refused.
+//! Snapshots. `PUT /snapshot/create` on a paused microVM writes the state file ([`file`]:
+//! versioned and checksummed) with the microVM's configuration, the KVM state of its vCPUs
+//! and VM ([`state`]) and its devices' state, and the memory file (guest RAM, region after
+//! region). `PUT /snapshot/load` on a fresh ember ([`load`]) rebuilds the same machine from
+//! them, with guest RAM mapped from the memory file.
 
 pub mod file;
+pub mod load;
+mod memory_file;
 pub mod state;
+pub mod uffd;
 
-use std::io::Write;
+pub use memory_file::{write_diff_memory, write_memory};
+
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use vm_memory::{Address, Bytes, GuestMemoryBackend, GuestMemoryRegion};
 
-use crate::memory::GuestMemory;
+use devices::legacy::SerialSnapshot;
+use devices::virtio::snapshot::TransportSnapshot;
+
+use crate::config::VmConfig;
 use state::{StateError, VcpuState, VmState};
 
 /// `PUT /snapshot/create` (Firecracker's `SnapshotCreateParams`).
@@ -36,20 +42,43 @@ pub enum SnapshotType {
 /// What the state file holds.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct MicrovmState {
+    /// The configuration the microVM was built from, as `GET /vm/config` shows it.
+    pub config: VmConfig,
+    /// Whether the boot timer took the first MMIO window (`--boot-timer`).
+    pub boot_timer: bool,
     /// Guest RAM regions (guest address, bytes), in the memory file's order.
     pub memory: Vec<(u64, u64)>,
     pub vcpus: Vec<VcpuState>,
     pub vm: VmState,
+    pub devices: DeviceStates,
+    /// The MMDS data store (`null` when empty).
+    pub mmds: serde_json::Value,
+}
+
+/// The devices' own state; the virtio transports in the order the builder places them.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct DeviceStates {
+    pub serial: SerialSnapshot,
+    pub virtio: Vec<TransportSnapshot>,
+    /// The pages the balloon's driver said it holds.
+    pub balloon_actual_pages: Option<u32>,
+}
+
+/// What the VMM thread adds to a snapshot besides the machine: its configuration and the
+/// MMDS data store.
+#[derive(Debug)]
+pub struct Setup {
+    pub config: VmConfig,
+    pub boot_timer: bool,
+    pub mmds: serde_json::Value,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
     #[error("a snapshot can only be created of a paused microVM; PATCH /vm to Paused first")]
     NotPaused,
-    #[error("diff snapshots are not available in Ember yet; create a Full snapshot")]
+    #[error("a Diff snapshot needs dirty page tracking: set track_dirty_pages in machine-config (or in the snapshot load request)")]
     Diff,
-    #[error("snapshots of microVMs with virtio devices ({0}) are not available in Ember yet")]
-    Devices(String),
     #[error("cannot capture the vCPU state: {0}")]
     Vcpu(String),
     #[error("{0}")]
@@ -58,31 +87,8 @@ pub enum SnapshotError {
     File(#[from] file::SnapshotFileError),
     #[error("cannot write the memory file {path}: {reason}")]
     Memory { path: String, reason: String },
-}
-
-/// Writes guest RAM to `path`, region after region; returns the regions.
-pub fn write_memory(mem: &GuestMemory, path: &str) -> Result<Vec<(u64, u64)>, SnapshotError> {
-    let fail = |reason: String| SnapshotError::Memory {
-        path: path.to_string(),
-        reason,
-    };
-    let mut out = std::fs::File::create(path).map_err(|e| fail(e.to_string()))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut regions = Vec::new();
-    for region in mem.iter() {
-        let (start, len) = (region.start_addr(), region.len());
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(buf.len() as u64) as usize;
-            mem.read_slice(&mut buf[..n], start.unchecked_add(done))
-                .map_err(|e| fail(e.to_string()))?;
-            out.write_all(&buf[..n]).map_err(|e| fail(e.to_string()))?;
-            done += n as u64;
-        }
-        regions.push((start.raw_value(), len));
-    }
-    out.sync_all().map_err(|e| fail(e.to_string()))?;
-    Ok(regions)
+    #[error("{0}")]
+    Load(#[from] load::LoadError),
 }
 
 /// Writes the state file.

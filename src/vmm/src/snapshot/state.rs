@@ -7,7 +7,8 @@
 use kvm_bindings::{
     kvm_clock_data, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state, kvm_msr_entry,
     kvm_pit_state2, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs,
-    KVM_CLOCK_TSC_STABLE, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE,
+    KVM_CLOCK_REALTIME, KVM_CLOCK_TSC_STABLE, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE,
 };
 use kvm_ioctls::{VcpuFd, VmFd};
 use serde::{Deserialize, Serialize};
@@ -197,15 +198,20 @@ pub fn save_vm(vm: &VmFd) -> Result<VmState, StateError> {
     })
 }
 
-/// Puts `state` into a new VM that has its irqchip and PIT.
-pub fn restore_vm(vm: &VmFd, state: &VmState) -> Result<(), StateError> {
+/// Puts `state` into a new VM that has its irqchip and PIT. With `realtime`, KVM advances the
+/// guest clock by the wall-clock time since the snapshot (where the host recorded it).
+pub fn restore_vm(vm: &VmFd, state: &VmState, realtime: bool) -> Result<(), StateError> {
     let set = |what: &'static str| move |source| StateError::VmSet { what, source };
     vm.set_irqchip(&state.pic_master)
         .map_err(set("master PIC"))?;
     vm.set_irqchip(&state.pic_slave).map_err(set("slave PIC"))?;
     vm.set_irqchip(&state.ioapic).map_err(set("IOAPIC"))?;
     vm.set_pit2(&state.pit).map_err(set("PIT"))?;
-    vm.set_clock(&state.clock).map_err(set("clock"))
+    let mut clock = state.clock;
+    if !realtime {
+        clock.flags &= !KVM_CLOCK_REALTIME;
+    }
+    vm.set_clock(&clock).map_err(set("clock"))
 }
 
 #[cfg(test)]
@@ -275,7 +281,7 @@ mod tests {
         let (vcpu, vm_state): (VcpuState, VmState) = file::decode("t", &bytes).unwrap();
 
         let (vm_b, b) = vm(&kvm);
-        restore_vm(&vm_b, &vm_state).unwrap();
+        restore_vm(&vm_b, &vm_state, false).unwrap();
         restore_vcpu(&b, 0, &vcpu).unwrap();
         let back = b.get_regs().unwrap();
         assert_eq!((back.rip, back.rax), (0x1234, 42));

@@ -71,6 +71,12 @@ impl VcpuControl {
         self.changed.notify_all();
     }
 
+    /// Asks the vCPU thread, not started yet, to park before it first runs (a restored
+    /// microVM that the API resumes later).
+    pub fn hold(&self) {
+        self.pause.store(true, Ordering::Release);
+    }
+
     /// Waits up to `timeout` for the vCPU thread to park; true if it has.
     fn wait_parked(&self, timeout: Duration) -> bool {
         let parking = devices::bus::lock(&self.parking);

@@ -134,6 +134,11 @@ impl Vcpu {
         }
     }
 
+    /// Parks the thread before the vCPU first runs, until the VMM thread resumes it.
+    pub fn hold(&self) {
+        self.control.hold();
+    }
+
     /// The MSRs a snapshot of this vCPU saves (KVM's list; none by default).
     pub fn with_snapshot_msrs(mut self, msr_indices: Arc<Vec<u32>>) -> Self {
         self.msr_indices = msr_indices;
@@ -181,6 +186,10 @@ impl Vcpu {
 
     fn run(mut self) {
         loop {
+            let (fd, index, msrs) = (&self.fd, self.index, &self.msr_indices);
+            self.control.park_if_paused(|| {
+                crate::snapshot::state::save_vcpu(fd, index, msrs).map_err(|e| e.to_string())
+            });
             let outcome = match self.fd.run() {
                 Ok(exit) => {
                     exit::count(&exit, &self.metrics.vcpu);
@@ -205,10 +214,6 @@ impl Vcpu {
                 self.exit.report(reason);
                 return;
             }
-            let (fd, index, msrs) = (&self.fd, self.index, &self.msr_indices);
-            self.control.park_if_paused(|| {
-                crate::snapshot::state::save_vcpu(fd, index, msrs).map_err(|e| e.to_string())
-            });
         }
     }
 }

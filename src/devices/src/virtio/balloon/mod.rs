@@ -16,7 +16,7 @@ use event_manager::{EventOps, Events, MutEventSubscriber};
 use telemetry::BalloonMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::{Queue, QueueState, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
@@ -135,6 +135,16 @@ impl Balloon {
         if let Some(active) = &self.active {
             let _ = active.irq.trigger(InterruptKind::Config);
         }
+    }
+
+    /// The pages the driver holds, as a snapshot saw them (`actual`).
+    pub fn actual_pages(&self) -> u32 {
+        self.actual_pages
+    }
+
+    /// A restored balloon: the driver's `actual` as it was.
+    pub fn restore_actual_pages(&mut self, pages: u32) {
+        self.actual_pages = pages;
     }
 
     /// `PATCH /balloon/statistics` after boot (never from or to 0): the next statistics now.
@@ -327,6 +337,19 @@ impl VirtioDevice for Balloon {
         self.active = None;
         self.acked_features = 0;
         self.stats_head = None;
+    }
+
+    /// The statistics buffer the device holds was the last one taken: it is counted as not
+    /// taken, so the restored balloon takes it again and statistics go on.
+    fn queue_states(&self) -> Vec<QueueState> {
+        let Some(active) = &self.active else {
+            return Vec::new();
+        };
+        let mut states: Vec<QueueState> = active.queues.iter().map(Queue::state).collect();
+        if let (Some(_), Some(stats)) = (self.stats_head, states.get_mut(STATS)) {
+            stats.next_avail = stats.next_avail.wrapping_sub(1);
+        }
+        states
     }
 }
 

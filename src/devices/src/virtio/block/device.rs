@@ -15,7 +15,7 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
@@ -387,6 +387,10 @@ impl VirtioDevice for Block {
     fn reset(&mut self) {
         self.active = None;
         self.acked_features = 0;
+    }
+
+    fn queue_states(&self) -> Vec<QueueState> {
+        self.active.iter().map(|a| a.queue.state()).collect()
     }
 }
 

@@ -50,6 +50,9 @@ impl VirtioDevice for Dummy {
     fn reset(&mut self) {
         self.resets += 1;
     }
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState> {
+        Vec::new()
+    }
 }
 
 struct Fixture {

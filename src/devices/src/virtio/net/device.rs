@@ -18,7 +18,7 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU,
 };
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
@@ -498,6 +498,15 @@ impl VirtioDevice for Net {
         self.active = None;
         self.acked_features = 0;
         self.rx_len = 0;
+    }
+
+    /// A frame read from the TAP but not yet delivered is not kept: the network may drop
+    /// a frame, and its sender's protocol sends it again.
+    fn queue_states(&self) -> Vec<QueueState> {
+        self.active
+            .iter()
+            .flat_map(|a| [a.rx.state(), a.tx.state()])
+            .collect()
     }
 }
 

@@ -9,7 +9,7 @@ use event_manager::{EventOps, Events, MutEventSubscriber};
 use telemetry::EntropyMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory as _, Permissions};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
@@ -204,6 +204,10 @@ impl VirtioDevice for Entropy {
     fn reset(&mut self) {
         self.active = None;
         self.acked_features = 0;
+    }
+
+    fn queue_states(&self) -> Vec<QueueState> {
+        self.active.iter().map(|a| a.queue.state()).collect()
     }
 }
 

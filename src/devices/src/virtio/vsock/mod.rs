@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 use event_manager::{EventOps, Events, MutEventSubscriber};
 use telemetry::VsockMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueState, QueueT};
+use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
@@ -59,6 +60,8 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 pub const CONNECT_LINE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Ports ember gives host-initiated connections start here.
 const FIRST_HOST_PORT: u32 = 1 << 30;
+/// `struct virtio_vsock_event { le32 id; }` with VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (0).
+const TRANSPORT_RESET_EVENT: u32 = 0;
 
 /// What the builder needs to make the vsock device; the listener is bound by `PUT /vsock`.
 #[derive(Debug)]
@@ -262,6 +265,43 @@ impl VirtioDevice for Vsock {
         self.queue.clear();
         self.orphan_rsts.clear();
         let _ = self.queue_events[TX].write(1);
+    }
+
+    fn queue_states(&self) -> Vec<QueueState> {
+        self.active
+            .iter()
+            .flat_map(|a| a.queues.iter().map(Queue::state))
+            .collect()
+    }
+
+    /// The host ends of the guest's connections stayed with the process that was
+    /// snapshotted: tell the guest (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET, as Firecracker does),
+    /// so that it resets every connection and listens again.
+    fn restored(&mut self) {
+        let Some(active) = &mut self.active else {
+            return;
+        };
+        let Some(chain) = active.queues[EVENT].pop_descriptor_chain(&active.mem) else {
+            log::warn!("vsock: the guest posted no event buffer; it is not told of the reset");
+            return;
+        };
+        let head = chain.head_index();
+        let written = chain
+            .filter(|d| d.is_write_only() && d.len() >= 4)
+            .take(1)
+            .any(|d| {
+                active
+                    .mem
+                    .write_obj(TRANSPORT_RESET_EVENT, d.addr())
+                    .is_ok()
+            });
+        let len = if written { 4 } else { 0 };
+        if active.queues[EVENT]
+            .add_used(&active.mem, head, len)
+            .is_ok()
+        {
+            let _ = active.irq.trigger(crate::virtio::InterruptKind::Queue);
+        }
     }
 }
 

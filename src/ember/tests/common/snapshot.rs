@@ -1,0 +1,77 @@
+//! Helpers for the snapshot tests: embers side by side in one scratch directory, the test
+//! guest's tick counter and disk records, and the snapshot requests.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::api::{Client, Ember};
+use super::{Scratch, EMBER};
+
+/// An ember whose API socket is `<name>.sock` in `scratch`.
+pub fn ember_named(scratch: &Scratch, name: &str) -> Ember {
+    let sock = scratch.path(&format!("{name}.sock"));
+    let mut command = Command::new(EMBER);
+    command.arg("--api-sock").arg(&sock);
+    Ember::spawn(command, sock)
+}
+
+/// The numbers of the `tick N` lines the test guest printed, in order.
+pub fn ticks(ember: &Ember) -> Vec<u64> {
+    ember
+        .guest_lines()
+        .iter()
+        .filter_map(|l| l.strip_prefix("tick "))
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// Waits until the guest has printed tick `n` or a later one; returns the last.
+pub fn wait_tick(ember: &Ember, n: u64, deadline: Duration) -> u64 {
+    let start = Instant::now();
+    loop {
+        if let Some(&last) = ticks(ember).last() {
+            if last >= n {
+                return last;
+            }
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "no tick {n} within {deadline:?}; stdout: {}\nstderr: {}",
+            ember.stdout(),
+            ember.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The tick number the test guest's `disklog` record in sector `sector` holds, if any.
+pub fn disk_record(disk: &[u8], sector: usize) -> Option<u64> {
+    let record = disk.get(sector * 512..sector * 512 + 12)?;
+    (&record[..4] == b"TICK").then(|| u64::from_le_bytes(record[4..12].try_into().unwrap()))
+}
+
+pub fn pause(c: &mut Client) {
+    c.patch("/vm", &json!({"state": "Paused"})).expect(204, "");
+}
+
+pub fn resume(c: &mut Client) {
+    c.patch("/vm", &json!({"state": "Resumed"})).expect(204, "");
+}
+
+/// `PUT /snapshot/create` of `kind` ("Full" or "Diff"), answered 204.
+pub fn create(c: &mut Client, state: &Path, mem: &Path, kind: &str) {
+    let body = json!({"snapshot_path": state, "mem_file_path": mem, "snapshot_type": kind});
+    c.put("/snapshot/create", &body).expect(204, "");
+}
+
+/// The body of a `PUT /snapshot/load` with the File backend.
+pub fn load_body(state: &Path, mem: &Path, resume_vm: bool) -> serde_json::Value {
+    json!({
+        "snapshot_path": state,
+        "mem_backend": {"backend_type": "File", "backend_path": mem},
+        "resume_vm": resume_vm,
+    })
+}
