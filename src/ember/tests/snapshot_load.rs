@@ -14,41 +14,6 @@ use serde_json::json;
 const BOOT: Duration = Duration::from_secs(30);
 const MIB: u64 = 1 << 20;
 
-/// A 2-vCPU test guest that ticks and logs each tick to `disk`, with an entropy device and a
-/// balloon (which it does not drive) beside its disk; snapshotted at its third tick or later.
-/// Returns the last tick before the snapshot.
-fn boot_and_snapshot(
-    s: &Scratch,
-    disk: &str,
-    state: &std::path::Path,
-    mem: &std::path::Path,
-) -> u64 {
-    let mut a = ember_named(s, "a");
-    let mut c = a.client();
-    c.configure(
-        &json!({"vcpu_count": 2, "mem_size_mib": 128}),
-        &json!({"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 ticks disklog"}),
-        &[("rootfs", disk, false)],
-    );
-    c.put("/entropy", &json!({})).expect(204, "");
-    c.put(
-        "/balloon",
-        &json!({"amount_mib": 0, "deflate_on_oom": false}),
-    )
-    .expect(204, "");
-    c.put("/mmds", &json!({"latest": {"role": "snapshotted"}}))
-        .expect(204, "");
-    c.instance_start();
-    wait_tick(&a, 3, BOOT);
-    pause(&mut c);
-    std::thread::sleep(Duration::from_millis(50));
-    let last = *ticks(&a).last().unwrap();
-    create(&mut c, state, mem, "Full");
-    assert_eq!(*ticks(&a).last().unwrap(), last, "the guest stayed paused");
-    assert_eq!(a.terminate(), Some(128 + libc::SIGTERM));
-    last
-}
-
 #[test]
 fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
     if !kvm_or_skip("a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on") {
@@ -57,7 +22,13 @@ fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
     let s = Scratch::new("snapshot-load");
     let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
     let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
-    let last = boot_and_snapshot(&s, &disk, &state, &mem);
+    let last = boot_and_snapshot(
+        &s,
+        &disk,
+        &state,
+        &mem,
+        &json!({"vcpu_count": 2, "mem_size_mib": 128}),
+    );
     let on_disk = read(std::path::Path::new(&disk));
     assert_eq!(disk_record(&on_disk, (last % 64) as usize), Some(last));
 
@@ -121,7 +92,13 @@ fn bad_snapshot_files_and_requests_are_refused_and_the_ember_stays_usable() {
     let s = Scratch::new("snapshot-refusals");
     let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
     let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
-    let last = boot_and_snapshot(&s, &disk, &state, &mem);
+    let last = boot_and_snapshot(
+        &s,
+        &disk,
+        &state,
+        &mem,
+        &json!({"vcpu_count": 2, "mem_size_mib": 128}),
+    );
     let good = read(&state);
 
     let b = ember_named(&s, "b");

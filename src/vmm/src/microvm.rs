@@ -65,8 +65,8 @@ pub struct MicroVm {
     vm: Vm,
     /// KVM logs the pages the guest writes (`track_dirty_pages`): diff snapshots work.
     track_dirty: bool,
-    /// The Uffd backend's descriptor, kept open while the VM runs.
-    uffd: Option<std::os::fd::OwnedFd>,
+    /// The Uffd backend, kept open while the VM runs.
+    uffd: Option<crate::snapshot::uffd::Backend>,
 }
 
 impl std::fmt::Debug for MicroVm {
@@ -96,7 +96,7 @@ impl MicroVm {
     }
 
     /// Keeps the Uffd backend's descriptor for the VM's life.
-    pub(crate) fn keep_uffd(&mut self, uffd: std::os::fd::OwnedFd) {
+    pub(crate) fn keep_uffd(&mut self, uffd: crate::snapshot::uffd::Backend) {
         self.uffd = Some(uffd);
     }
 

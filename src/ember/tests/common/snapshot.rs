@@ -75,3 +75,40 @@ pub fn load_body(state: &Path, mem: &Path, resume_vm: bool) -> serde_json::Value
         "resume_vm": resume_vm,
     })
 }
+
+/// Boots a test guest (`machine`) that ticks and logs each tick to `disk`, with an entropy
+/// device and a balloon (which it does not drive) beside its disk and data in the MMDS;
+/// snapshots it (Full) at its third tick or later and stops that ember. Returns the last
+/// tick before the snapshot.
+pub fn boot_and_snapshot(
+    s: &Scratch,
+    disk: &str,
+    state: &Path,
+    mem: &Path,
+    machine: &serde_json::Value,
+) -> u64 {
+    let mut a = ember_named(s, "a");
+    let mut c = a.client();
+    c.configure(
+        machine,
+        &json!({"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 ticks disklog"}),
+        &[("rootfs", disk, false)],
+    );
+    c.put("/entropy", &json!({})).expect(204, "");
+    c.put(
+        "/balloon",
+        &json!({"amount_mib": 0, "deflate_on_oom": false}),
+    )
+    .expect(204, "");
+    c.put("/mmds", &json!({"latest": {"role": "snapshotted"}}))
+        .expect(204, "");
+    c.instance_start();
+    wait_tick(&a, 3, Duration::from_secs(30));
+    pause(&mut c);
+    std::thread::sleep(Duration::from_millis(50));
+    let last = *ticks(&a).last().unwrap();
+    create(&mut c, state, mem, "Full");
+    assert_eq!(*ticks(&a).last().unwrap(), last, "the guest stayed paused");
+    assert_eq!(a.terminate(), Some(128 + libc::SIGTERM));
+    last
+}

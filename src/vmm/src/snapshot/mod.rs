@@ -7,6 +7,7 @@
 pub mod file;
 pub mod load;
 mod memory_file;
+pub mod rebase;
 pub mod state;
 pub mod uffd;
 

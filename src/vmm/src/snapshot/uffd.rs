@@ -120,9 +120,17 @@ fn uffd_ioctl<T>(fd: RawFd, request: libc::c_ulong, arg: &mut T) -> std::io::Res
     Ok(())
 }
 
+/// The userfaultfd and the connection to its handler, kept open while the VM lives: the
+/// handler learns that ember has gone when the connection closes.
+#[derive(Debug)]
+pub struct Backend {
+    _uffd: OwnedFd,
+    _handler: UnixStream,
+}
+
 /// Registers all of `mem` (anonymous, not yet touched) with a new userfaultfd and hands it
-/// to the handler listening at `path`. The returned descriptor must outlive the VM.
-pub fn hand_over(mem: &GuestMemory, path: &str) -> Result<OwnedFd, UffdError> {
+/// to the handler listening at `path`.
+pub fn hand_over(mem: &GuestMemory, path: &str) -> Result<Backend, UffdError> {
     // SAFETY: userfaultfd(2) takes only flags and returns a new descriptor or -1.
     let raw = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
     if raw < 0 {
@@ -170,13 +178,18 @@ pub fn hand_over(mem: &GuestMemory, path: &str) -> Result<OwnedFd, UffdError> {
     socket
         .send_with_fd(&body[..], uffd.as_raw_fd())
         .map_err(|e| send_err(e.to_string()))?;
-    Ok(uffd)
+    Ok(Backend {
+        _uffd: uffd,
+        _handler: socket,
+    })
 }
 
 /// A page-fault handler: the memory file, and the userfaultfd and regions ember sent.
 #[derive(Debug)]
 pub struct Handler {
     uffd: OwnedFd,
+    /// Ember's end of it closes when ember exits.
+    ember: UnixStream,
     regions: Vec<RegionMapping>,
     /// The memory file, mapped read-only.
     file_map: *const u8,
@@ -218,6 +231,7 @@ impl Handler {
         }
         Ok(Handler {
             uffd: OwnedFd::from(fd),
+            ember: stream.try_clone()?,
             regions,
             file_map: map as *const u8,
             file_len,
@@ -230,16 +244,23 @@ impl Handler {
         &self.regions
     }
 
-    /// Serves events until ember closes the userfaultfd (its process ended).
+    /// Serves events until ember's connection closes (its process ended).
     pub fn serve(&mut self) -> std::io::Result<()> {
         loop {
-            let mut pfd = libc::pollfd {
-                fd: self.uffd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd, borrowed for the call.
-            let n = unsafe { libc::poll(&mut pfd, 1, -1) };
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.uffd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.ember.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds, borrowed for the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() == std::io::ErrorKind::Interrupted {
@@ -247,8 +268,12 @@ impl Handler {
                 }
                 return Err(e);
             }
-            if pfd.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+            if fds[1].revents != 0 {
+                // Ember sends nothing after its first message: this is its exit.
                 return Ok(());
+            }
+            if fds[0].revents & libc::POLLIN == 0 {
+                continue;
             }
             let mut msg = UffdMsg::default();
             let size = std::mem::size_of::<UffdMsg>();
