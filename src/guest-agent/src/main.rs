@@ -23,6 +23,9 @@
 //!                                           /dev/hwrng); prints bytes, µs, bytes per second
 //!                                           and how many distinct byte values the BYTES had
 //!   ember-agent serve PORT                  answer requests on vsock PORT (see vsock.rs)
+//!   ember-agent echo-tcp HOST PORT          connect, then send back each line received as
+//!                                           `echo LINE`, until the peer closes (a TCP
+//!                                           connection that lives across a snapshot)
 
 mod dio;
 mod raw;
@@ -48,6 +51,7 @@ fn main() {
         ["dio", mode, dev, bs, count, skip] => dio::run(mode, dev, bs, count, skip),
         ["touch", mib] => touch(mib),
         ["serve", port] => vsock::serve(port),
+        ["echo-tcp", host, port] => echo_tcp(host, port),
         ["read", file, bytes] => read_rate(file, bytes, "0"),
         ["read", file, bytes, skip] => read_rate(file, bytes, skip),
         ["http-latency", ip, path, n] => http_latency(ip, path, n),
@@ -64,6 +68,22 @@ fn main() {
 }
 
 type Result<T> = std::result::Result<T, String>;
+
+/// `echo-tcp HOST PORT`: one connection, each line echoed back with `echo ` before it.
+fn echo_tcp(host: &str, port: &str) -> Result<String> {
+    use std::io::BufRead;
+    let addr = format!("{host}:{port}");
+    let stream = TcpStream::connect(&addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    let mut out = stream.try_clone().map_err(|e| e.to_string())?;
+    let mut lines = 0;
+    for line in std::io::BufReader::new(stream).lines() {
+        let line = line.map_err(|e| format!("read: {e}"))?;
+        out.write_all(format!("echo {line}\n").as_bytes())
+            .map_err(|e| format!("write: {e}"))?;
+        lines += 1;
+    }
+    Ok(format!("echoed {lines} lines"))
+}
 
 /// `touch MIB`: makes the guest's kernel back MIB MiB with pages, one write a page.
 fn touch(mib: &str) -> Result<String> {
