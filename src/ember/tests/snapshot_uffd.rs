@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::snapshot::*;
 use common::*;
 use serde_json::json;
-use vmm::snapshot::uffd::Handler;
+use vmm::snapshot::uffd_handler::Handler;
 
 #[test]
 fn a_guest_restored_through_a_page_fault_handler_counts_on() {

@@ -13,6 +13,8 @@
  *   keyboard    before "done", print each byte the i8042 keyboard sends until Ctrl+Alt+Del
  *               has been pressed and released (the API's SendCtrlAltDel)
  *   ticks       after "done", print "tick N" every 10^8 TSC cycles, forever (for pausing)
+ *   echo        after "done", print "ready", then answer each line typed on COM1 with
+ *               "echo LINE", forever (a request a restored guest answers)
  *   disklog     with ticks: before printing tick N, write the 512-byte record "TICK" + N
  *               (little-endian u64) to sector N % 64 of the first disk; a failed write
  *               prints "tick N disk status=S" instead (for snapshots: the queue goes on)
@@ -531,6 +533,22 @@ static __attribute__((noreturn)) void ticks(void) {
     }
 }
 
+/* Answers each line COM1 receives (polling the line status register's data-ready bit). */
+static __attribute__((noreturn)) void echo_lines(void) {
+    char text[64];
+    u32 n = 0;
+    line("ready"); end();
+    for (;;) {
+        if (!(inb(0x3fd) & 1)) { pause(); continue; }
+        char ch = (char)inb(0x3f8);
+        if (ch == '\r') continue;
+        if (ch != '\n' && n < sizeof text - 1) { text[n++] = ch; continue; }
+        text[n] = 0;
+        line("echo "); puts(text); end();
+        n = 0;
+    }
+}
+
 /* Only the command line, silently: quick mode must print nothing but its one line. */
 static void find_cmdline(int kind, u64 info) {
     if (kind == BOOT_PVH) cmdline = (const char *)rd64(info + 24);
@@ -550,5 +568,6 @@ void guest_main(int kind, u64 info) {
     if (has_word("boottimer")) *(volatile u8 *)0xd0000000UL = 123;
     line("done"); end();
     if (has_word("ticks")) ticks();
+    if (has_word("echo")) echo_lines();
     reset();
 }

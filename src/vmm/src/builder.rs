@@ -134,24 +134,16 @@ pub fn build(
     let vm = Vm::new()?;
     let mem = memory::create(mem_bytes)?;
     let track_dirty = machine.track_dirty_pages;
-    // Registering guest memory mostly waits inside KVM (several ms on kvm_pvm hosts), and
-    // nothing before the first KVM_RUN needs it: run it while the rest is assembled.
-    let (slots, parts) = std::thread::scope(|scope| {
-        let slots = scope.spawn(|| vm.register_memory(&mem, track_dirty));
-        let ctx = Context {
-            vm: &vm,
-            mem: &mem,
-            resources,
-            console,
-            exit,
-            mmds,
-            metrics,
-        };
-        let parts = assemble(&ctx, mem_bytes, boot);
-        (slots.join(), parts)
-    });
-    slots.map_err(|_| BuildError::MemoryThread)??;
-    let parts = parts?;
+    let ctx = Context {
+        vm: &vm,
+        mem: &mem,
+        resources,
+        console,
+        exit,
+        mmds,
+        metrics,
+    };
+    let parts = beside_memory_slots(&ctx, track_dirty, |ctx| assemble(ctx, mem_bytes, boot))?;
     Ok(MicroVm::new(parts, mem, vm, track_dirty))
 }
 
@@ -171,8 +163,6 @@ pub fn restore(
 ) -> Result<MicroVm, BuildError> {
     let (mmds, metrics) = shared;
     let vm = Vm::new()?;
-    vm.register_memory(&mem, track_dirty)?;
-    let caps = vm.host_caps()?;
     let ctx = Context {
         vm: &vm,
         mem: &mem,
@@ -182,7 +172,38 @@ pub fn restore(
         mmds,
         metrics,
     };
-    let attached = attach_devices(&ctx, Some(&state.devices.serial))?;
+    let parts = beside_memory_slots(&ctx, track_dirty, |ctx| rebuild(ctx, state))?;
+    // KVM needs guest memory in place for some MSRs (kvmclock, async PF, PV EOI, steal time).
+    for (vcpu, saved) in parts.vcpus.iter().zip(&state.vcpus) {
+        vcpu.restore_state(saved)?;
+    }
+    crate::snapshot::state::restore_vm(vm.fd(), &state.vm, clock_realtime)?;
+    Ok(MicroVm::new(parts, mem, vm, track_dirty))
+}
+
+/// Runs `build` while a second thread registers guest memory with KVM: registering mostly
+/// waits inside KVM (several ms on kvm_pvm hosts), and nothing before the first KVM_RUN (or
+/// a restored vCPU's MSRs) needs it.
+fn beside_memory_slots(
+    ctx: &Context,
+    track_dirty: bool,
+    build: impl FnOnce(&Context) -> Result<Parts, BuildError>,
+) -> Result<Parts, BuildError> {
+    let (vm, mem) = (ctx.vm, ctx.mem);
+    let (slots, parts) = std::thread::scope(|scope| {
+        let slots = scope.spawn(move || vm.register_memory(mem, track_dirty));
+        let parts = build(ctx);
+        (slots.join(), parts)
+    });
+    slots.map_err(|_| BuildError::MemoryThread)??;
+    parts
+}
+
+/// Everything of a restore that does not need the memory slots: the devices in their saved
+/// state, and the vCPUs with their CPUID.
+fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
+    let caps = ctx.vm.host_caps()?;
+    let attached = attach_devices(ctx, Some(&state.devices.serial))?;
     let transports = &attached.devices.transports;
     if transports.len() != state.devices.virtio.len() {
         return Err(BuildError::DeviceCount {
@@ -190,14 +211,11 @@ pub fn restore(
             built: transports.len(),
         });
     }
-    let machine = &resources.machine_config;
-    let (vcpus, stats) = create_vcpus(&ctx, &attached, &caps, |index, fd| {
-        // CPUID first (KVM takes it only before the vCPU runs), then the saved state.
-        Vcpu::configure(fd, topology(machine, index), &caps, None)?;
-        let saved = &state.vcpus[usize::from(index)];
-        Ok(crate::snapshot::state::restore_vcpu(fd, index, saved)?)
+    let machine = &ctx.resources.machine_config;
+    // CPUID now: KVM takes it only before the vCPU's state.
+    let (vcpus, stats) = create_vcpus(ctx, &attached, &caps, |index, fd| {
+        Ok(Vcpu::configure(fd, topology(machine, index), &caps, None)?)
     })?;
-    crate::snapshot::state::restore_vm(vm.fd(), &state.vm, clock_realtime)?;
     if let (Some(balloon), Some(pages)) = (
         &attached.devices.balloon,
         state.devices.balloon_actual_pages,
@@ -207,14 +225,13 @@ pub fn restore(
     for (transport, saved) in transports.iter().zip(&state.devices.virtio) {
         devices::bus::lock(transport).restore(saved)?;
     }
-    let parts = Parts {
+    Ok(Parts {
         vcpus,
         stats,
         subscribers: attached.subscribers,
         devices: attached.devices,
         i8042: attached.i8042,
-    };
-    Ok(MicroVm::new(parts, mem, vm, track_dirty))
+    })
 }
 
 /// What [`assemble`] makes.

@@ -18,7 +18,7 @@ use crate::metrics_writer::MetricsWriter;
 use crate::microvm::MicroVm;
 use crate::resources::VmResources;
 use crate::rpc::{self, ActionError, ActionResult, InstanceInfo, VmmAction, VmmData, VmmSide};
-use crate::snapshot::load::{LoadError, Memory, SnapshotLoadParams};
+use crate::snapshot::load::{LoadError, Memory, Prepared, SnapshotLoadParams};
 use crate::snapshot::{uffd, Setup};
 use crate::{ExitSignal, VmExit};
 
@@ -416,24 +416,33 @@ impl Controller {
             return Err(fail(LoadError::Configured.into()));
         }
         let prepared = params.prepare().map_err(|e| fail(e.into()))?;
+        let vsock_path = prepared.resources.vsock().map(|(c, _)| c.uds_path.clone());
+        let result = self.restore(params, prepared);
+        if result.is_err() {
+            // The vsock socket was bound for the microVM that is not there.
+            if let Some(path) = vsock_path {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        result.map(|()| VmmData::Empty)
+    }
+
+    /// Builds and starts the microVM of a checked load request.
+    fn restore(
+        &mut self,
+        params: &SnapshotLoadParams,
+        prepared: Prepared,
+    ) -> Result<(), ActionError> {
+        let fail = |e: LoadError| ActionError::LoadSnapshot(e.into());
         let state = &prepared.state;
         let resources = prepared.resources;
-        if let Some(config) = &resources.mmds_config {
-            mmds::lock(&self.mmds).configure(config.version, config.imds_compat);
-        }
-        if !state.mmds.is_null() {
-            mmds::lock(&self.mmds).put(state.mmds.clone())?;
-        }
         let (mem, uffd_path) = match &prepared.memory {
             Memory::File(file) => (memory::from_file(file, &state.memory), None),
             Memory::Uffd(path) => (memory::create_regions(&state.memory), Some(path)),
         };
-        let build_err = |e: String| fail(LoadError::Build(e).into());
-        let mem = mem.map_err(|e| build_err(e.to_string()))?;
+        let mem = mem.map_err(|e| fail(LoadError::Build(e.to_string())))?;
         let uffd = match uffd_path {
-            Some(path) => {
-                Some(uffd::hand_over(&mem, path).map_err(|e| fail(LoadError::from(e).into()))?)
-            }
+            Some(path) => Some(uffd::hand_over(&mem, path).map_err(|e| fail(e.into()))?),
             None => None,
         };
         let mut vm = builder::restore(
@@ -446,18 +455,25 @@ impl Controller {
             &self.exit,
             (&self.mmds, &self.metrics),
         )
-        .map_err(|e| build_err(e.to_string()))?;
+        .map_err(|e| fail(LoadError::Build(e.to_string())))?;
         if let Some(uffd) = uffd {
             vm.keep_uffd(uffd);
         }
         if !params.resume_vm {
             vm.start_paused();
         }
+        let mut store = mmds::lock(&self.mmds);
+        if let Some(config) = &resources.mmds_config {
+            store.configure(config.version, config.imds_compat);
+        }
+        if !state.mmds.is_null() {
+            store.put(state.mmds.clone())?;
+        }
+        drop(store);
         self.resources = resources;
         self.resources.machine_config.track_dirty_pages = params.dirty_tracking();
         self.configured = true;
-        self.launch(vm)?;
-        Ok(VmmData::Empty)
+        self.launch(vm)
     }
 
     /// `PATCH /balloon`: the new target is recorded, and given to the running balloon.

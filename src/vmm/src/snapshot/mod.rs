@@ -10,6 +10,7 @@ mod memory_file;
 pub mod rebase;
 pub mod state;
 pub mod uffd;
+pub mod uffd_handler;
 
 pub use memory_file::{write_diff_memory, write_memory};
 

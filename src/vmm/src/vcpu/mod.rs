@@ -134,6 +134,14 @@ impl Vcpu {
         }
     }
 
+    /// Puts a snapshot's state into this vCPU (configured with its CPUID, not yet run).
+    pub fn restore_state(
+        &self,
+        saved: &crate::snapshot::state::VcpuState,
+    ) -> Result<(), crate::snapshot::state::StateError> {
+        crate::snapshot::state::restore_vcpu(&self.fd, self.index, saved)
+    }
+
     /// Parks the thread before the vCPU first runs, until the VMM thread resumes it.
     pub fn hold(&self) {
         self.control.hold();
