@@ -11,6 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use telemetry::Span;
+
 use vmm::rpc::ApiSide;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 
@@ -269,9 +271,15 @@ impl ApiServer {
                     let started = Instant::now();
                     let response = match routes::parse(&request) {
                         Routed::Answer(response) => response,
-                        Routed::Action(action) => match self.vmm.call(action) {
-                            Ok(result) => to_response(&result),
-                            Err(_) => {
+                        Routed::Action(action) => match (action.timed(), self.vmm.call(action)) {
+                            (timed, Ok(result)) => {
+                                if let (Some(op), Ok(_)) = (timed, &result) {
+                                    let micros = started.elapsed().as_micros() as u64;
+                                    self.metrics.latencies.record(op, Span::Api, micros);
+                                }
+                                to_response(&result)
+                            }
+                            (_, Err(_)) => {
                                 let gone = Response::fault(503, "ember is shutting down");
                                 queue(conn, &gone.with_header("Connection", "close".into()));
                                 conn.closing = true;

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::api::Ember;
+use common::snapshot::{assert_timed, latencies};
 use common::*;
 use serde_json::json;
 use vmm::snapshot::file;
@@ -25,6 +26,9 @@ fn a_paused_guest_is_saved_to_the_state_and_memory_files_and_goes_on_after_resum
     let s = Scratch::new("snapshot-create");
     let mut ember = Ember::start(&s, &[]);
     let mut c = ember.client();
+    let metrics = s.path("metrics.json");
+    c.put("/metrics", &json!({"metrics_path": metrics}))
+        .expect(204, "");
     c.configure(
         &json!({"vcpu_count": 2, "mem_size_mib": 128}),
         &json!({"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 ticks"}),
@@ -52,6 +56,12 @@ fn a_paused_guest_is_saved_to_the_state_and_memory_files_and_goes_on_after_resum
     let paused_at = ember.ticks();
     c.put("/snapshot/create", &body).expect(204, "");
     assert_eq!(ember.ticks(), paused_at, "the guest stayed paused");
+    // Firecracker's latencies_us: the pause and the snapshot, not the refused Diff.
+    let latencies = latencies(&mut c, &metrics);
+    assert_timed(&latencies, "pause_vm");
+    assert_timed(&latencies, "full_create_snapshot");
+    assert_eq!(latencies["diff_create_snapshot"], 0);
+    assert_eq!(latencies["vmm_load_snapshot"], 0);
 
     // The memory file is guest RAM: 128 MiB, holding the command line the guest was given.
     let ram = read(&mem);

@@ -34,6 +34,10 @@ fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
 
     let mut b = ember_named(&s, "b");
     let mut c = b.client();
+    // Metrics may be set before a load (they are not part of the snapshot).
+    let metrics = s.path("metrics.json");
+    c.put("/metrics", &json!({"metrics_path": metrics}))
+        .expect(204, "");
     c.put("/snapshot/load", &load_body(&state, &mem, false))
         .expect(204, "");
     let info = c.get("/").expect(200, "").json();
@@ -61,6 +65,9 @@ fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
         .expect(400, "not supported after starting");
 
     resume(&mut c);
+    let latencies = latencies(&mut c, &metrics);
+    assert_timed(&latencies, "load_snapshot");
+    assert_timed(&latencies, "resume_vm");
     let now = wait_tick(&b, last + 4, BOOT);
     let counted = ticks(&b);
     assert_eq!(

@@ -3,12 +3,14 @@
 //! drops a line rather than wait for a slow reader.
 
 pub mod counter;
+pub mod latency;
 pub mod logger;
 pub mod metrics;
 pub mod sink;
 pub mod time;
 
 pub use counter::{Counter, MaxGauge};
+pub use latency::{LatencyMetrics, Span, Timed};
 pub use metrics::{
     ApiMetrics, BalloonMetrics, BlockMetrics, EntropyMetrics, Metrics, NetMetrics, VcpuMetrics,
     VsockMetrics,

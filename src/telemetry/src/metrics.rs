@@ -1,7 +1,8 @@
 //! The metrics Ember reports, under Firecracker's section and field names where Firecracker
 //! has them: per-device counters (`block_<id>`, `net_<id>`, and their sums `block`, `net`),
 //! API request counts (`get_api_requests`, `put_api_requests`, `patch_api_requests`), vCPU
-//! exits (`vcpu`), and, beyond Firecracker, the API's request latency (`api_server`).
+//! exits (`vcpu`), the latest snapshot, pause and resume durations (`latencies_us`), and,
+//! beyond Firecracker, the API's request latency (`api_server`).
 //!
 //! Devices, vCPUs and the API thread hold their own counters ([`std::sync::Arc`]s from the
 //! [`Metrics`] registry) and bump them without locks; the VMM thread writes one JSON line
@@ -258,6 +259,7 @@ pub struct Metrics {
     pub entropy: Arc<EntropyMetrics>,
     pub balloon: Arc<BalloonMetrics>,
     pub vsock: Arc<VsockMetrics>,
+    pub latencies: crate::latency::LatencyMetrics,
     blocks: Mutex<Vec<(String, Arc<BlockMetrics>)>>,
     nets: Mutex<Vec<(String, Arc<NetMetrics>)>>,
     /// Metric lines the destination could not take.
@@ -348,6 +350,9 @@ impl Metrics {
         out.insert("balloon".into(), object(&self.balloon.take()));
         out.insert("vsock".into(), object(&self.vsock.take()));
         out.insert("vcpu".into(), object(&self.vcpu.take()));
+        let latencies = self.latencies.report().into_iter();
+        let latencies = latencies.map(|(k, v)| (k, Value::from(v))).collect();
+        out.insert("latencies_us".into(), Value::Object(latencies));
         let mut line = Value::Object(out).to_string();
         line.push('\n');
         line
@@ -395,5 +400,6 @@ mod tests {
         assert_eq!(v["block"]["read_bytes"], 0);
         assert_eq!(v["net"]["rx_bytes_count"], 0);
         assert_eq!(v["vcpu"]["exit_mmio_write"], 0);
+        assert_eq!(v["latencies_us"]["vmm_load_snapshot"], 0);
     }
 }

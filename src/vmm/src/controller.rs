@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, SubscriberOps};
+use telemetry::Span;
 
 use crate::builder::{self, Console};
 use crate::config::{
@@ -280,9 +281,23 @@ impl Controller {
         }
     }
 
-    /// One request, with Firecracker's rules for what is allowed before and after boot.
+    /// One request; a snapshot, pause or resume that succeeds also records its duration
+    /// (`latencies_us`, VMM level).
     pub fn handle(&mut self, action: VmmAction) -> ActionResult {
         log::debug!("API request: {action:?}");
+        let timed = action.timed();
+        let started = Instant::now();
+        let result = self.dispatch(action);
+        if let (Some(op), Ok(_)) = (timed, &result) {
+            let micros = started.elapsed().as_micros() as u64;
+            self.metrics.latencies.record(op, Span::Vmm, micros);
+            log::info!("{op:?} took {micros} us in the VMM");
+        }
+        result
+    }
+
+    /// One request, with Firecracker's rules for what is allowed before and after boot.
+    fn dispatch(&mut self, action: VmmAction) -> ActionResult {
         let booted = self.vm.is_some();
         match action {
             VmmAction::GetInstanceInfo => Ok(VmmData::InstanceInfo(InstanceInfo {

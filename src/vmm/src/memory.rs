@@ -17,9 +17,30 @@ pub enum Error {
     Map { mib: u64, reason: String },
 }
 
+/// vm-memory allocates each region's dirty-page bitmap (a bit per page) before it maps the
+/// region, and an allocation that fails aborts the process. Trying the allocation first turns
+/// a size this host cannot hold into an error. (The probe is lazily backed: it costs no RSS.)
+fn bitmap_fits(total: u64) -> Result<(), Error> {
+    let bytes = total / 4096 / 8;
+    let fits = usize::try_from(bytes)
+        .ok()
+        .is_some_and(|bytes| Vec::<u8>::new().try_reserve_exact(bytes).is_ok());
+    if fits {
+        return Ok(());
+    }
+    Err(Error::Map {
+        mib: total >> 20,
+        reason: format!(
+            "its dirty-page bitmap of {} MiB cannot be allocated",
+            bytes >> 20
+        ),
+    })
+}
+
 /// Maps `mem_bytes` of guest RAM.
 pub fn create(mem_bytes: u64) -> Result<GuestMemory, Error> {
     let mib = mem_bytes >> 20;
+    bitmap_fits(mem_bytes)?;
     let too_large = || Error::Map {
         mib,
         reason: "it does not fit the host's address space".into(),
@@ -43,6 +64,7 @@ pub fn from_file(file: &File, regions: &[(u64, u64)]) -> Result<GuestMemory, Err
         mib: total >> 20,
         reason,
     };
+    bitmap_fits(total)?;
     let mut mapped = Vec::with_capacity(regions.len());
     let mut offset = 0u64;
     for &(addr, len) in regions {
@@ -70,6 +92,7 @@ pub fn create_regions(regions: &[(u64, u64)]) -> Result<GuestMemory, Error> {
         mib: total >> 20,
         reason,
     };
+    bitmap_fits(total)?;
     let ranges = regions
         .iter()
         .map(|&(addr, len)| {
@@ -78,4 +101,17 @@ pub fn create_regions(regions: &[(u64, u64)]) -> Result<GuestMemory, Error> {
         })
         .collect::<Result<Vec<_>, Error>>()?;
     GuestMemoryMmap::from_ranges(&ranges).map_err(|e| fail(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_too_large_for_its_bitmap_is_an_error_not_an_abort() {
+        // 2^62 bytes: a bitmap of 2^47 bytes, more than any host can allocate.
+        let e = create(1 << 62).unwrap_err().to_string();
+        assert!(e.contains("cannot be mapped on this host"), "{e}");
+        assert!(bitmap_fits(128 << 20).is_ok());
+    }
 }

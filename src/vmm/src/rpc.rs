@@ -56,6 +56,23 @@ pub enum VmmAction {
     LoadSnapshot(crate::snapshot::load::SnapshotLoadParams),
 }
 
+impl VmmAction {
+    /// The operation whose duration `latencies_us` reports, if this is one.
+    pub fn timed(&self) -> Option<telemetry::Timed> {
+        use telemetry::Timed;
+        match self {
+            VmmAction::CreateSnapshot(params) => Some(match params.snapshot_type {
+                crate::snapshot::SnapshotType::Full => Timed::FullCreateSnapshot,
+                crate::snapshot::SnapshotType::Diff => Timed::DiffCreateSnapshot,
+            }),
+            VmmAction::LoadSnapshot(_) => Some(Timed::LoadSnapshot),
+            VmmAction::Pause => Some(Timed::PauseVm),
+            VmmAction::Resume => Some(Timed::ResumeVm),
+            _ => None,
+        }
+    }
+}
+
 /// `GET /`: Firecracker's `InstanceInfo`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InstanceInfo {

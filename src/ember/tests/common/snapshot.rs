@@ -112,3 +112,23 @@ pub fn boot_and_snapshot(
     assert_eq!(a.terminate(), Some(128 + libc::SIGTERM));
     last
 }
+
+/// `latencies_us` of a metrics line flushed now into `metrics` (set with `PUT /metrics`).
+pub fn latencies(c: &mut Client, metrics: &Path) -> serde_json::Value {
+    c.put("/actions", &json!({"action_type": "FlushMetrics"}))
+        .expect(204, "");
+    let text = std::fs::read_to_string(metrics).unwrap();
+    let last = text.lines().last().expect("a metrics line");
+    let line: serde_json::Value = serde_json::from_str(last).unwrap();
+    line["latencies_us"].clone()
+}
+
+/// Checks that `op`'s latest duration was recorded at both levels, the API's around the VMM's.
+pub fn assert_timed(latencies: &serde_json::Value, op: &str) {
+    let api = latencies[op].as_u64().unwrap();
+    let vmm = latencies[format!("vmm_{op}")].as_u64().unwrap();
+    assert!(
+        vmm > 0 && api >= vmm,
+        "{op}: API {api} us, VMM {vmm} us: {latencies}"
+    );
+}
