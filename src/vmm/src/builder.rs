@@ -84,8 +84,6 @@ pub enum BuildError {
     Vsock(#[source] std::io::Error),
     #[error("{0}")]
     Vcpu(#[from] vcpu::Error),
-    #[error("the thread registering guest memory with KVM failed")]
-    MemoryThread,
     #[error("there are more MMIO devices than interrupt lines 5 to 23 can serve")]
     TooManyDevices,
     #[error("cannot copy the console's file descriptors: {0}")]
@@ -131,9 +129,9 @@ pub fn build(
         reason: "it overflows a 64-bit address".into(),
     })?;
 
-    let vm = Vm::new()?;
     let mem = memory::create(mem_bytes)?;
     let track_dirty = machine.track_dirty_pages;
+    let vm = Vm::new(&mem, track_dirty)?;
     let ctx = Context {
         vm: &vm,
         mem: &mem,
@@ -143,7 +141,7 @@ pub fn build(
         mmds,
         metrics,
     };
-    let parts = beside_memory_slots(&ctx, track_dirty, |ctx| assemble(ctx, mem_bytes, boot))?;
+    let parts = assemble(&ctx, mem_bytes, boot)?;
     Ok(MicroVm::new(parts, mem, vm, track_dirty))
 }
 
@@ -162,7 +160,7 @@ pub fn restore(
     shared: (&mmds::SharedStore, &Arc<telemetry::Metrics>),
 ) -> Result<MicroVm, BuildError> {
     let (mmds, metrics) = shared;
-    let vm = Vm::new()?;
+    let vm = Vm::new(&mem, track_dirty)?;
     let ctx = Context {
         vm: &vm,
         mem: &mem,
@@ -172,7 +170,7 @@ pub fn restore(
         mmds,
         metrics,
     };
-    let parts = beside_memory_slots(&ctx, track_dirty, |ctx| rebuild(ctx, state))?;
+    let parts = rebuild(&ctx, state)?;
     // KVM needs guest memory in place for some MSRs (kvmclock, async PF, PV EOI, steal time).
     for (vcpu, saved) in parts.vcpus.iter().zip(&state.vcpus) {
         vcpu.restore_state(saved)?;
@@ -181,26 +179,7 @@ pub fn restore(
     Ok(MicroVm::new(parts, mem, vm, track_dirty))
 }
 
-/// Runs `build` while a second thread registers guest memory with KVM: registering mostly
-/// waits inside KVM (several ms on kvm_pvm hosts), and nothing before the first KVM_RUN (or
-/// a restored vCPU's MSRs) needs it.
-fn beside_memory_slots(
-    ctx: &Context,
-    track_dirty: bool,
-    build: impl FnOnce(&Context) -> Result<Parts, BuildError>,
-) -> Result<Parts, BuildError> {
-    let (vm, mem) = (ctx.vm, ctx.mem);
-    let (slots, parts) = std::thread::scope(|scope| {
-        let slots = scope.spawn(move || vm.register_memory(mem, track_dirty));
-        let parts = build(ctx);
-        (slots.join(), parts)
-    });
-    slots.map_err(|_| BuildError::MemoryThread)??;
-    parts
-}
-
-/// Everything of a restore that does not need the memory slots: the devices in their saved
-/// state, and the vCPUs with their CPUID.
+/// The devices of a restore in their saved state, and the vCPUs with their CPUID.
 fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
     let caps = ctx.vm.host_caps()?;
     let attached = attach_devices(ctx, Some(&state.devices.serial))?;

@@ -56,8 +56,13 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Opens KVM and creates a VM with an in-kernel irqchip (PIC, IOAPIC, local APICs) and PIT.
-    pub fn new() -> Result<Self, Error> {
+    /// Opens KVM and creates a VM on guest memory `mem` (see [`Vm::register_memory`]), with an
+    /// in-kernel irqchip (PIC, IOAPIC, local APICs) and PIT.
+    ///
+    /// The memory goes in before the irqchip: on the kvm_pvm host a first memory slot took
+    /// 4 to 16 ms after KVM_CREATE_IRQCHIP and 0.1 ms before it (the irqchip then 0.03 ms),
+    /// which is most of a snapshot restore.
+    pub fn new(mem: &GuestMemory, track_dirty: bool) -> Result<Self, Error> {
         let kvm = Kvm::new().map_err(Error::OpenKvm)?;
         for (cap, name) in [
             (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
@@ -70,6 +75,9 @@ impl Vm {
             }
         }
         let fd = kvm.create_vm().map_err(Error::CreateVm)?;
+        let vm = Vm { kvm, fd };
+        vm.register_memory(mem, track_dirty)?;
+        let fd = &vm.fd;
         fd.set_tss_address(arch::layout::KVM_TSS_ADDR as usize)
             .map_err(Error::Irqchip)?;
         fd.create_irq_chip().map_err(Error::Irqchip)?;
@@ -78,7 +86,7 @@ impl Vm {
             ..Default::default()
         };
         fd.create_pit2(pit).map_err(Error::Irqchip)?;
-        Ok(Vm { kvm, fd })
+        Ok(vm)
     }
 
     pub fn fd(&self) -> &VmFd {
@@ -105,7 +113,7 @@ impl Vm {
 
     /// Gives every region of `mem` to the guest, one KVM slot each; with `track_dirty`, KVM
     /// logs the pages the guest writes (for diff snapshots).
-    pub fn register_memory(&self, mem: &GuestMemory, track_dirty: bool) -> Result<(), Error> {
+    fn register_memory(&self, mem: &GuestMemory, track_dirty: bool) -> Result<(), Error> {
         for (slot, region) in mem.iter().enumerate() {
             let region_info = kvm_userspace_memory_region {
                 slot: slot as u32,
