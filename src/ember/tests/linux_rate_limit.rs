@@ -4,7 +4,10 @@
 //! metrics' byte counts against the guest's own.
 //!
 //! A bucket starts full (Firecracker's model), so each steady-rate measurement comes after
-//! the guest has emptied it.
+//! the guest has emptied it. That takes a guest at least twice as fast as the limit: the
+//! limits are a fraction of what the guest manages unthrottled on the slowest kvm_pvm host
+//! seen (64 KiB direct reads at 1.26 MB/s, 4 KiB random reads at about 45 a second, TCP at
+//! about 0.8 MB/s), so that the test checks the limiter, not the host's speed.
 
 mod common;
 
@@ -48,10 +51,10 @@ fn bandwidth(size: u64, burst: u64) -> Value {
 }
 
 /// Bandwidth B; B plus a one-time burst X; O ops per second; then B raised by a PATCH.
-const B: u64 = MIB;
-const X: u64 = 4 * MIB;
-const O: u64 = 40;
-const B2: u64 = 2 * MIB;
+const B: u64 = 192 * KIB;
+const X: u64 = 4 * B;
+const O: u64 = 10;
+const B2: u64 = 2 * B;
 const BS: u64 = 64 * KIB;
 
 #[test]
@@ -146,16 +149,20 @@ fn linux_drive_limits_give_the_configured_bandwidth_burst_and_ops() {
         rate(2)
     );
     // Ops: O requests a second, for 4 KiB random reads.
-    let ops_rate = field(dio[3], "ops") * 1_000_000 / field(dio[3], "us");
-    assert!(within(ops_rate, O, 0.05), "ops {ops_rate}/s vs {O}/s");
+    let milli_ops = field(dio[3], "ops") * 1_000_000_000 / field(dio[3], "us");
+    assert!(
+        within(milli_ops, O * 1000, 0.05),
+        "ops {milli_ops}/1000 s vs {O}/s"
+    );
     // The PATCH after boot: the new rate.
     assert!(within(rate(4), B2, 0.05), "patched {} vs {B2}", rate(4));
     // Held back, nothing spins: the VMM thread sleeps on the limiter's timer, and no thread
-    // holds a core. (On kvm_pvm the rest is the guest kernel's own I/O path, emulated in the
-    // vCPU threads at tens of ms per request: docs/pvm.md.)
+    // holds a core on top of the guest's own work. (On kvm_pvm that work is the guest
+    // kernel, emulated in the vCPU threads: 9% of a core idle and 45% held back on one host,
+    // 41% and 92% on a slower one; docs/pvm.md.)
     assert!(throttled.1 < 5.0, "VMM thread at {:.1}%", throttled.1);
     assert!(
-        throttled.0 < 80.0,
+        throttled.0 < 150.0,
         "ember at {:.1}% throttled ({:.1}% idle)",
         throttled.0,
         idle.0
@@ -182,7 +189,7 @@ fn linux_drive_limits_give_the_configured_bandwidth_burst_and_ops() {
         assert_eq!(metric_sum(&flushed, &section, "read_count"), f[0]);
         assert!(metric_sum(&flushed, &section, "rate_limiter_throttled_events") > 0);
     }
-    assert!(metric_sum(&flushed, "block", "read_bytes") > 30 * MIB);
+    assert!(metric_sum(&flushed, "block", "read_bytes") > 40 * B);
 }
 
 /// On PVM hosts a 64 KiB MTU (docs/pvm.md); elsewhere Ethernet's 1500.
@@ -193,10 +200,12 @@ fn mtu() -> u32 {
     }
 }
 
-/// TX and RX bandwidth of the interface, then TX lowered by a PATCH.
-const NET_TX: u64 = MIB;
-const NET_RX: u64 = MIB;
-const NET_TX2: u64 = 512 * KIB;
+/// TX and RX bandwidth of the interface, then TX raised by a PATCH. Not lower: on kvm_pvm
+/// the guest sends 64 KiB frames, and at 128 KiB/s each waits long enough for the guest's
+/// TCP to time out and send it again, which the limiter then charges twice.
+const NET_TX: u64 = 256 * KIB;
+const NET_RX: u64 = 256 * KIB;
+const NET_TX2: u64 = 384 * KIB;
 
 #[test]
 fn linux_network_limits_give_the_configured_tcp_rates_both_ways() {
@@ -213,11 +222,13 @@ fn linux_network_limits_give_the_configured_tcp_rates_both_ways() {
     let metrics_arg = metrics.to_string_lossy().into_owned();
     let mut ember = Ember::start_in(&s, &["--metrics-path", &metrics_arg], Some(&ns.name));
     let mut c = ember.client();
-    let (tx_len, rx_len, tx2_len) = (12 * NET_TX, 12 * NET_RX, 7 * NET_TX2);
-    // Each steady rate after twice the bucket's size, as for the drives.
+    let (tx_len, rx_len, tx2_len) = (12 * NET_TX, 12 * NET_RX, 12 * NET_TX2);
+    // Each steady rate after twice the bucket's size, as for the drives; four times after
+    // the PATCH, whose rate is closer to what the guest can send (about 0.8 MB/s on the
+    // slowest host), so that it empties the bucket more slowly.
     let tx_sink = sink(&ns, "10.60.0.1:5001", 2 * NET_TX);
     let rx_source = source(&ns, "10.60.0.1:5002", rx_len, 2);
-    let tx2_sink = sink(&ns, "10.60.0.1:5003", 2 * NET_TX2);
+    let tx2_sink = sink(&ns, "10.60.0.1:5003", 4 * NET_TX2);
     let cmd = format!(
         "ip addr add 10.60.0.2/24 dev eth0; ip link set eth0 up; \
          ember-agent send 10.60.0.1 5001 {tx_len} 1; ember-agent recv 10.60.0.1 5002 {}; \
