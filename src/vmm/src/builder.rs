@@ -110,15 +110,18 @@ fn eventfd() -> Result<EventFd, BuildError> {
     EventFd::new(libc::EFD_NONBLOCK).map_err(BuildError::EventFd)
 }
 
-/// Builds a VM from `resources`, ready for [`MicroVm::start`]. Its vCPUs and devices report
-/// to `exit` when the VM must stop.
-pub fn build(
-    resources: &VmResources,
-    console: &Console,
-    exit: &Arc<ExitSignal>,
-    mmds: &mmds::SharedStore,
-    metrics: &Arc<telemetry::Metrics>,
-) -> Result<MicroVm, BuildError> {
+/// What the VMM lends every microVM it builds.
+#[derive(Debug)]
+pub struct Host<'a> {
+    pub console: &'a Console,
+    /// Where vCPUs and devices report that the VM must stop.
+    pub exit: &'a Arc<ExitSignal>,
+    pub mmds: &'a mmds::SharedStore,
+    pub metrics: &'a Arc<telemetry::Metrics>,
+}
+
+/// Builds a VM from `resources`, ready for [`MicroVm::start`].
+pub fn build(resources: &VmResources, host: &Host) -> Result<MicroVm, BuildError> {
     let boot = resources
         .boot_source
         .as_ref()
@@ -136,10 +139,7 @@ pub fn build(
         vm: &vm,
         mem: &mem,
         resources,
-        console,
-        exit,
-        mmds,
-        metrics,
+        host,
     };
     let parts = assemble(&ctx, mem_bytes, boot)?;
     Ok(MicroVm::new(parts, mem, vm, track_dirty))
@@ -148,27 +148,20 @@ pub fn build(
 /// Rebuilds a snapshot's microVM from `resources` (its configuration, overrides applied) on
 /// `mem` (its guest RAM, already in place): the same devices at the same addresses, in their
 /// saved state, and the vCPUs and VM in KVM's saved state. Nothing runs yet.
-#[allow(clippy::too_many_arguments)]
 pub fn restore(
     resources: &VmResources,
     state: &MicrovmState,
     mem: GuestMemory,
     track_dirty: bool,
     clock_realtime: bool,
-    console: &Console,
-    exit: &Arc<ExitSignal>,
-    shared: (&mmds::SharedStore, &Arc<telemetry::Metrics>),
+    host: &Host,
 ) -> Result<MicroVm, BuildError> {
-    let (mmds, metrics) = shared;
     let vm = Vm::new(&mem, track_dirty)?;
     let ctx = Context {
         vm: &vm,
         mem: &mem,
         resources,
-        console,
-        exit,
-        mmds,
-        metrics,
+        host,
     };
     let parts = rebuild(&ctx, state)?;
     // KVM needs guest memory in place for some MSRs (kvmclock, async PF, PV EOI, steal time).
@@ -204,19 +197,13 @@ fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
     for (transport, saved) in transports.iter().zip(&state.devices.virtio) {
         devices::bus::lock(transport).restore(saved)?;
     }
-    Ok(Parts {
-        vcpus,
-        stats,
-        subscribers: attached.subscribers,
-        devices: attached.devices,
-        i8042: attached.i8042,
-    })
+    Ok(attached.into_parts(vcpus, stats))
 }
 
 /// What [`assemble`] makes.
 pub(crate) struct Parts {
     pub vcpus: Vec<Vcpu>,
-    pub stats: Vec<(u8, VcpuStats)>,
+    pub stats: VcpuCounters,
     pub subscribers: Vec<Subscriber>,
     pub devices: Devices,
     pub i8042: Arc<Mutex<I8042>>,
@@ -273,13 +260,7 @@ fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Pa
         Vcpu::configure(fd, topo, &caps, (index == 0).then_some(entry))?;
         Ok(())
     })?;
-    Ok(Parts {
-        vcpus,
-        stats,
-        subscribers: attached.subscribers,
-        devices: attached.devices,
-        i8042: attached.i8042,
-    })
+    Ok(attached.into_parts(vcpus, stats))
 }
 
 /// What every build step reads.
@@ -287,10 +268,7 @@ struct Context<'a> {
     vm: &'a Vm,
     mem: &'a GuestMemory,
     resources: &'a VmResources,
-    console: &'a Console,
-    exit: &'a Arc<ExitSignal>,
-    mmds: &'a mmds::SharedStore,
-    metrics: &'a Arc<telemetry::Metrics>,
+    host: &'a Host<'a>,
 }
 
 /// The devices on their buses, and what the kernel must be told of them.
@@ -302,6 +280,19 @@ struct Attached {
     i8042: Arc<Mutex<I8042>>,
     /// The root device's and the virtio-mmio devices' command-line entries.
     kernel_args: String,
+}
+
+impl Attached {
+    /// The microVM's parts, once its vCPUs are made.
+    fn into_parts(self, vcpus: Vec<Vcpu>, stats: VcpuCounters) -> Parts {
+        Parts {
+            vcpus,
+            stats,
+            subscribers: self.subscribers,
+            devices: self.devices,
+            i8042: self.i8042,
+        }
+    }
 }
 
 fn topology(machine: &config::MachineConfig, index: u8) -> Topology {
@@ -336,9 +327,9 @@ fn create_vcpus(
                 fd,
                 attached.pio.clone(),
                 attached.mmio.clone(),
-                ctx.exit.clone(),
+                ctx.host.exit.clone(),
                 ctx.mem.clone(),
-                ctx.metrics.clone(),
+                ctx.host.metrics.clone(),
             )
             .with_snapshot_msrs(msr_indices.clone()),
         );
@@ -349,8 +340,13 @@ fn create_vcpus(
 /// Puts the legacy devices and every configured virtio device on their buses, the serial
 /// port in `serial` state if given (a snapshot's).
 fn attach_devices(ctx: &Context, serial: Option<&SerialSnapshot>) -> Result<Attached, BuildError> {
-    let (vm, mem, resources, mmds, metrics) =
-        (ctx.vm, ctx.mem, ctx.resources, ctx.mmds, ctx.metrics);
+    let (vm, mem, resources, mmds, metrics) = (
+        ctx.vm,
+        ctx.mem,
+        ctx.resources,
+        ctx.host.mmds,
+        ctx.host.metrics,
+    );
     let mut subscribers: Vec<Subscriber> = Vec::new();
     let mut pio = Bus::new();
     let mut mmio = Bus::new();
@@ -361,8 +357,8 @@ fn attach_devices(ctx: &Context, serial: Option<&SerialSnapshot>) -> Result<Atta
         &mut pio,
         &mut subscribers,
         &mut devices,
-        (ctx.console, serial),
-        ctx.exit,
+        (ctx.host.console, serial),
+        ctx.host.exit,
     )?;
     // Like Firecracker, the boot timer takes the first MMIO window and the drives follow it.
     let mut window = 0;

@@ -118,23 +118,26 @@ impl Controller {
         if self.vm.is_some() {
             return Err(ActionError::NotSupportedPostBoot);
         }
-        // The MMDS configuration is pre-boot only; the guest is the only one it concerns.
-        if let Some(config) = &self.resources.mmds_config {
-            mmds::lock(&self.mmds).configure(config.version, config.imds_compat);
-        }
-        let vm = builder::build(
-            &self.resources,
-            &self.console,
-            &self.exit,
-            &self.mmds,
-            &self.metrics,
-        )
-        .map_err(|e| ActionError::Start(e.to_string()))?;
+        let vm = builder::build(&self.resources, &self.host())
+            .map_err(|e| ActionError::Start(e.to_string()))?;
         self.launch(vm)
     }
 
-    /// Starts a built (or restored) microVM's vCPU threads and devices.
+    fn host(&self) -> builder::Host<'_> {
+        builder::Host {
+            console: &self.console,
+            exit: &self.exit,
+            mmds: &self.mmds,
+            metrics: &self.metrics,
+        }
+    }
+
+    /// Starts a built (or restored) microVM's vCPU threads and devices, once the MMDS has
+    /// its configured version (pre-boot only; the guest is the only one it concerns).
     fn launch(&mut self, mut vm: MicroVm) -> Result<(), ActionError> {
+        if let Some(config) = &self.resources.mmds_config {
+            mmds::lock(&self.mmds).configure(config.version, config.imds_compat);
+        }
         vm.start(&mut self.event_manager, &self.filters)
             .map_err(|e| ActionError::Start(e.to_string()))?;
         self.vm = Some(vm);
@@ -466,9 +469,7 @@ impl Controller {
             mem,
             params.dirty_tracking(),
             params.clock_realtime,
-            &self.console,
-            &self.exit,
-            (&self.mmds, &self.metrics),
+            &self.host(),
         )
         .map_err(|e| fail(LoadError::Build(e.to_string())))?;
         if let Some(uffd) = uffd {
@@ -477,14 +478,9 @@ impl Controller {
         if !params.resume_vm {
             vm.start_paused();
         }
-        let mut store = mmds::lock(&self.mmds);
-        if let Some(config) = &resources.mmds_config {
-            store.configure(config.version, config.imds_compat);
-        }
         if !state.mmds.is_null() {
-            store.put(state.mmds.clone())?;
+            mmds::lock(&self.mmds).put(state.mmds.clone())?;
         }
-        drop(store);
         self.resources = resources;
         self.resources.machine_config.track_dirty_pages = params.dirty_tracking();
         self.configured = true;
