@@ -20,10 +20,13 @@ fn twenty_clones_of_one_snapshot_run_independently_each_on_its_own_disk() {
         return;
     }
     let s = Scratch::new("snapshot-clones");
-    let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
-    let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
     let machine = json!({"vcpu_count": 1, "mem_size_mib": 128});
-    let last = boot_and_snapshot(&s, &disk, &state, &mem, &machine);
+    let Snapshotted {
+        disk,
+        state,
+        mem,
+        last,
+    } = boot_and_snapshot(&s, &machine);
     let disk_at_snapshot = read(Path::new(&disk));
 
     let mut clones = Vec::new();

@@ -20,15 +20,12 @@ fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
         return;
     }
     let s = Scratch::new("snapshot-load");
-    let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
-    let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
-    let last = boot_and_snapshot(
-        &s,
-        &disk,
-        &state,
-        &mem,
-        &json!({"vcpu_count": 2, "mem_size_mib": 128}),
-    );
+    let Snapshotted {
+        disk,
+        state,
+        mem,
+        last,
+    } = boot_and_snapshot(&s, &json!({"vcpu_count": 2, "mem_size_mib": 128}));
     let on_disk = read(std::path::Path::new(&disk));
     assert_eq!(disk_record(&on_disk, (last % 64) as usize), Some(last));
 
@@ -97,15 +94,9 @@ fn bad_snapshot_files_and_requests_are_refused_and_the_ember_stays_usable() {
         return;
     }
     let s = Scratch::new("snapshot-refusals");
-    let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
-    let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
-    let last = boot_and_snapshot(
-        &s,
-        &disk,
-        &state,
-        &mem,
-        &json!({"vcpu_count": 2, "mem_size_mib": 128}),
-    );
+    let Snapshotted {
+        state, mem, last, ..
+    } = boot_and_snapshot(&s, &json!({"vcpu_count": 2, "mem_size_mib": 128}));
     let good = read(&state);
 
     let b = ember_named(&s, "b");

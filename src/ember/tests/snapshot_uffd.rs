@@ -19,10 +19,10 @@ fn a_guest_restored_through_a_page_fault_handler_counts_on() {
         return;
     }
     let s = Scratch::new("snapshot-uffd");
-    let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
-    let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
     let machine = json!({"vcpu_count": 2, "mem_size_mib": 128});
-    let last = boot_and_snapshot(&s, &disk, &state, &mem, &machine);
+    let Snapshotted {
+        state, mem, last, ..
+    } = boot_and_snapshot(&s, &machine);
 
     let sock = s.path("uffd.sock");
     let listener = UnixListener::bind(&sock).unwrap();

@@ -1,7 +1,7 @@
 //! Helpers for the snapshot tests: embers side by side in one scratch directory, the test
 //! guest's tick counter and disk records, and the snapshot requests.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -76,23 +76,28 @@ pub fn load_body(state: &Path, mem: &Path, resume_vm: bool) -> serde_json::Value
     })
 }
 
-/// Boots a test guest (`machine`) that ticks and logs each tick to `disk`, with an entropy
-/// device and a balloon (which it does not drive) beside its disk and data in the MMDS;
-/// snapshots it (Full) at its third tick or later and stops that ember. Returns the last
-/// tick before the snapshot.
-pub fn boot_and_snapshot(
-    s: &Scratch,
-    disk: &str,
-    state: &Path,
-    mem: &Path,
-    machine: &serde_json::Value,
-) -> u64 {
+/// A snapshot [`boot_and_snapshot`] took: the guest's disk, the state and memory files, and
+/// the last tick before the snapshot.
+pub struct Snapshotted {
+    pub disk: String,
+    pub state: PathBuf,
+    pub mem: PathBuf,
+    pub last: u64,
+}
+
+/// Boots a test guest (`machine`) that ticks and logs each tick to a 1 MiB disk, with an
+/// entropy device and a balloon (which it does not drive) beside its disk and data in the
+/// MMDS; snapshots it (Full, to `vm.snap` and `vm.mem` in `s`) at its third tick or later
+/// and stops that ember.
+pub fn boot_and_snapshot(s: &Scratch, machine: &serde_json::Value) -> Snapshotted {
+    let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
+    let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
     let mut a = ember_named(s, "a");
     let mut c = a.client();
     c.configure(
         machine,
         &json!({"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 ticks disklog"}),
-        &[("rootfs", disk, false)],
+        &[("rootfs", &disk, false)],
     );
     c.put("/entropy", &json!({})).expect(204, "");
     c.put(
@@ -107,10 +112,15 @@ pub fn boot_and_snapshot(
     pause(&mut c);
     std::thread::sleep(Duration::from_millis(50));
     let last = *ticks(&a).last().unwrap();
-    create(&mut c, state, mem, "Full");
+    create(&mut c, &state, &mem, "Full");
     assert_eq!(*ticks(&a).last().unwrap(), last, "the guest stayed paused");
     assert_eq!(a.terminate(), Some(128 + libc::SIGTERM));
-    last
+    Snapshotted {
+        disk,
+        state,
+        mem,
+        last,
+    }
 }
 
 /// `latencies_us` of a metrics line flushed now into `metrics` (set with `PUT /metrics`).
