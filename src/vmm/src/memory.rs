@@ -39,20 +39,11 @@ fn bitmap_fits(total: u64) -> Result<(), Error> {
 
 /// Maps `mem_bytes` of guest RAM.
 pub fn create(mem_bytes: u64) -> Result<GuestMemory, Error> {
-    let mib = mem_bytes >> 20;
-    bitmap_fits(mem_bytes)?;
-    let too_large = || Error::Map {
-        mib,
-        reason: "it does not fit the host's address space".into(),
-    };
-    let regions = arch::layout::ram_regions(mem_bytes)
+    let regions: Vec<(u64, u64)> = arch::layout::ram_regions(mem_bytes)
         .into_iter()
-        .map(|(addr, size)| Ok((addr, usize::try_from(size).map_err(|_| too_large())?)))
-        .collect::<Result<Vec<(GuestAddress, usize)>, Error>>()?;
-    GuestMemoryMmap::from_ranges(&regions).map_err(|e| Error::Map {
-        mib,
-        reason: e.to_string(),
-    })
+        .map(|(addr, size)| (addr.0, size))
+        .collect();
+    create_regions(&regions)
 }
 
 /// Maps guest RAM from a snapshot's memory file, region after region (`regions`: guest
@@ -68,7 +59,8 @@ pub fn from_file(file: &File, regions: &[(u64, u64)]) -> Result<GuestMemory, Err
     let mut mapped = Vec::with_capacity(regions.len());
     let mut offset = 0u64;
     for &(addr, len) in regions {
-        let size = usize::try_from(len).map_err(|_| fail("a region is too large".into()))?;
+        let size = usize::try_from(len)
+            .map_err(|_| fail("it does not fit the host's address space".into()))?;
         let file = file.try_clone().map_err(|e| fail(e.to_string()))?;
         let region = MmapRegionBuilder::new_with_bitmap(size, AtomicBitmap::with_len(size))
             .with_file_offset(FileOffset::new(file, offset))
@@ -84,8 +76,8 @@ pub fn from_file(file: &File, regions: &[(u64, u64)]) -> Result<GuestMemory, Err
     GuestMemoryMmap::from_regions(mapped).map_err(|e| fail(e.to_string()))
 }
 
-/// Anonymous guest RAM laid out as `regions` (guest address, length): a snapshot's, for a
-/// page-fault handler to fill.
+/// Anonymous guest RAM laid out as `regions` (guest address, length): a new microVM's, or
+/// a snapshot's for a page-fault handler to fill.
 pub fn create_regions(regions: &[(u64, u64)]) -> Result<GuestMemory, Error> {
     let total: u64 = regions.iter().map(|r| r.1).sum();
     let fail = |reason: String| Error::Map {
@@ -96,7 +88,8 @@ pub fn create_regions(regions: &[(u64, u64)]) -> Result<GuestMemory, Error> {
     let ranges = regions
         .iter()
         .map(|&(addr, len)| {
-            let len = usize::try_from(len).map_err(|_| fail("a region is too large".into()))?;
+            let len = usize::try_from(len)
+                .map_err(|_| fail("it does not fit the host's address space".into()))?;
             Ok((GuestAddress(addr), len))
         })
         .collect::<Result<Vec<_>, Error>>()?;
