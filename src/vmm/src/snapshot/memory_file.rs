@@ -18,6 +18,8 @@ use crate::vm::Vm;
 
 const PAGE_SIZE: u64 = 4096;
 
+type GuestRegion = vm_memory::GuestRegionMmap<AtomicBitmap>;
+
 fn memory_error(path: &str) -> impl Fn(String) -> SnapshotError + '_ {
     move |reason| SnapshotError::Memory {
         path: path.to_string(),
@@ -52,17 +54,16 @@ pub fn write_memory(
     out.sync_all().map_err(|e| fail(e.to_string()))?;
     if track_dirty {
         // Reading the dirty log clears it; what it says is already in the file.
-        for slot in 0..mem.num_regions() {
-            dirty_pages(mem, vm, slot).map_err(&fail)?;
+        for (slot, region) in mem.iter().enumerate() {
+            dirty_pages(region, vm, slot).map_err(&fail)?;
         }
     }
     Ok(regions)
 }
 
-/// The pages of region `slot` written since the last call (by the guest or by the VMM), as
-/// page indices within the region; both logs are cleared.
-fn dirty_pages(mem: &GuestMemory, vm: &Vm, slot: usize) -> Result<Vec<u64>, String> {
-    let region = mem.iter().nth(slot).ok_or("no such memory region")?;
+/// The pages of `region` (KVM slot `slot`) written since the last call (by the guest or by
+/// the VMM), as page indices within the region; both logs are cleared.
+fn dirty_pages(region: &GuestRegion, vm: &Vm, slot: usize) -> Result<Vec<u64>, String> {
     let len = region.len();
     let kvm_log = vm
         .fd()
@@ -98,7 +99,7 @@ pub fn write_diff_memory(
     let mut file_offset = 0;
     let mut page = vec![0u8; PAGE_SIZE as usize];
     for (slot, region) in mem.iter().enumerate() {
-        for index in dirty_pages(mem, vm, slot).map_err(&fail)? {
+        for index in dirty_pages(region, vm, slot).map_err(&fail)? {
             let offset = index * PAGE_SIZE;
             region
                 .read_slice(&mut page, MemoryRegionAddress(offset))
