@@ -37,13 +37,17 @@ fn bitmap_fits(total: u64) -> Result<(), Error> {
     })
 }
 
-/// Maps `mem_bytes` of guest RAM.
-pub fn create(mem_bytes: u64) -> Result<GuestMemory, Error> {
-    let regions: Vec<(u64, u64)> = arch::layout::ram_regions(mem_bytes)
+/// Where `mem_bytes` of guest RAM go (guest address, length), around the MMIO gap.
+pub fn layout(mem_bytes: u64) -> Vec<(u64, u64)> {
+    arch::layout::ram_regions(mem_bytes)
         .into_iter()
         .map(|(addr, size)| (addr.0, size))
-        .collect();
-    create_regions(&regions)
+        .collect()
+}
+
+/// Maps `mem_bytes` of guest RAM.
+pub fn create(mem_bytes: u64) -> Result<GuestMemory, Error> {
+    create_regions(&layout(mem_bytes))
 }
 
 /// Maps guest RAM from a snapshot's memory file, region after region (`regions`: guest

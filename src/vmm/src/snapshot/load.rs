@@ -145,13 +145,10 @@ impl SnapshotLoadParams {
         let backend = self.backend()?;
         let state: MicrovmState = file::load(Path::new(&self.snapshot_path))?;
         let machine = state.config.machine_config.clone().unwrap_or_default();
-        let expected_regions: Vec<(u64, u64)> = machine
+        let expected_regions = machine
             .mem_bytes()
-            .map(arch::layout::ram_regions)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(addr, len)| (addr.0, len))
-            .collect();
+            .map(crate::memory::layout)
+            .unwrap_or_default();
         if state.memory != expected_regions {
             return Err(LoadError::Regions {
                 mib: machine.mem_size_mib,
