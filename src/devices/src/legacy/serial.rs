@@ -76,8 +76,12 @@ impl Serial {
         output: Box<dyn Write + Send>,
         input: Option<File>,
     ) -> io::Result<Self> {
+        Self::with_uart(vm_superio::Serial::new(IrqFdTrigger(irq), output), input)
+    }
+
+    fn with_uart(uart: Uart, input: Option<File>) -> io::Result<Self> {
         Ok(Serial {
-            uart: vm_superio::Serial::new(IrqFdTrigger(irq), output),
+            uart,
             input,
             pending: VecDeque::new(),
             paused: false,
@@ -107,13 +111,7 @@ impl Serial {
         };
         let uart = vm_superio::Serial::from_state(&state, IrqFdTrigger(irq), NoEvents, output)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{e:?}")))?;
-        Ok(Serial {
-            uart,
-            input,
-            pending: VecDeque::new(),
-            paused: false,
-            resume: EventFd::new(libc::EFD_NONBLOCK)?,
-        })
+        Self::with_uart(uart, input)
     }
 
     /// The UART's state for a snapshot. Input not yet in the FIFO stays with this process.
