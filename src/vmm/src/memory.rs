@@ -8,6 +8,9 @@ use vm_memory::bitmap::{AtomicBitmap, NewBitmap};
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
 
+/// The guest's pages: the unit of the dirty logs, the memory file and the page-fault handler.
+pub const PAGE_SIZE: u64 = 4096;
+
 /// Devices' writes are logged in each region's bitmap, for diff snapshots.
 pub type GuestMemory = devices::virtio::GuestMemory;
 
@@ -21,7 +24,7 @@ pub enum Error {
 /// region, and an allocation that fails aborts the process. Trying the allocation first turns
 /// a size this host cannot hold into an error. (The probe is lazily backed: it costs no RSS.)
 fn bitmap_fits(total: u64) -> Result<(), Error> {
-    let bytes = total / 4096 / 8;
+    let bytes = total / PAGE_SIZE / 8;
     let fits = usize::try_from(bytes)
         .ok()
         .is_some_and(|bytes| Vec::<u8>::new().try_reserve_exact(bytes).is_ok());

@@ -13,10 +13,8 @@ use vm_memory::MmapRegion;
 use vm_memory::{Address, Bytes, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use super::SnapshotError;
-use crate::memory::GuestMemory;
+use crate::memory::{GuestMemory, PAGE_SIZE};
 use crate::vm::Vm;
-
-const PAGE_SIZE: u64 = 4096;
 
 type GuestRegion = vm_memory::GuestRegionMmap<AtomicBitmap>;
 

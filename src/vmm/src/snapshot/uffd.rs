@@ -13,9 +13,7 @@ use serde::{Deserialize, Serialize};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use crate::memory::GuestMemory;
-
-pub(super) const PAGE_SIZE: u64 = 4096;
+use crate::memory::{GuestMemory, PAGE_SIZE};
 
 // The userfaultfd ABI (linux/userfaultfd.h), which the libc crate does not carry.
 const UFFD_API: u64 = 0xaa;

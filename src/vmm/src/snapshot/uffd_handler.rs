@@ -9,9 +9,11 @@ use std::os::unix::net::UnixStream;
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use crate::memory::PAGE_SIZE;
+
 use super::uffd::{
-    uffd_ioctl, RegionMapping, UffdMsg, UffdioCopy, UffdioRange, UffdioZeropage, PAGE_SIZE,
-    UFFDIO_COPY, UFFDIO_ZEROPAGE, UFFD_EVENT_PAGEFAULT, UFFD_EVENT_REMOVE,
+    uffd_ioctl, RegionMapping, UffdMsg, UffdioCopy, UffdioRange, UffdioZeropage, UFFDIO_COPY,
+    UFFDIO_ZEROPAGE, UFFD_EVENT_PAGEFAULT, UFFD_EVENT_REMOVE,
 };
 
 /// A page-fault handler: the memory file, and the userfaultfd and regions ember sent.
