@@ -1,7 +1,8 @@
-"""What `scripts/bench` and `scripts/bench-api` share: paths, running commands, the summary
-line of a timing, the test guest's location, QEMU's microvm command line, and reading a
-process's memory."""
+"""What the benchmark scripts share: paths, running commands, the summary line of a timing,
+the test guest's location, QEMU's microvm command line, reading a process's memory, and
+requests on ember's API socket."""
 import os
+import socket
 import statistics
 import subprocess
 
@@ -59,3 +60,36 @@ def rss_and_guest_kib(pid, guest_bytes):
     except FileNotFoundError:
         pass
     return total, guest
+
+
+def request(sock, method, path, body=None):
+    """One HTTP request on a connected socket; returns (status, body)."""
+    data = body.encode() if body else b""
+    head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(data)}\r\n\r\n"
+    sock.sendall(head.encode() + data)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise RuntimeError("connection closed")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return int(head.split(b" ")[1]), rest[:length]
+
+
+def connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    return s
+
+
+def call(path, method, url, body=None):
+    with connect(path) as s:
+        return request(s, method, url, body)
