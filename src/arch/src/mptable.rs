@@ -61,11 +61,15 @@ pub fn build(cpus: u8, addr: u64) -> Result<Vec<u8>, Error> {
     entries.extend_from_slice(&[ENTRY_IOAPIC, ioapic_id, IOAPIC_VERSION, 1]);
     entries.extend_from_slice(&IOAPIC_ADDR.to_le_bytes());
     count += 1;
+    // Every IOAPIC pin is an ordinary vectored interrupt, ISA IRQ n on pin n, as KVM's
+    // default routing wires them. The 8259's ExtINT reaches the CPUs through LINT0 only (the
+    // local entry below): an IOAPIC pin listed as ExtINT makes Linux believe the 8259 is
+    // cascaded through that pin, so IRQ 0 (the timer) has no IOAPIC pin of its own and
+    // `setup_IO_APIC` oopses on a hardware-virtualisation host.
     for pin in 0..IOAPIC_PINS {
-        let kind = if pin == 0 { INT_EXTINT } else { INT_VECTORED };
         entries.extend_from_slice(&[
             ENTRY_IO_INTERRUPT,
-            kind,
+            INT_VECTORED,
             0,
             0,
             ISA_BUS_ID,
@@ -144,6 +148,35 @@ mod tests {
             assert_eq!(e[3] & CPU_BOOT_PROCESSOR != 0, cpu == 0);
         }
         assert_eq!(entries[80], ENTRY_BUS);
+    }
+
+    #[test]
+    fn every_ioapic_pin_is_vectored_and_extint_is_on_lint0_only() {
+        let cpus = 2;
+        let bytes = build(cpus, MPTABLE_ADDR).unwrap();
+        // Processors (20 bytes each), the bus (8) and the IOAPIC (8), then 8-byte entries.
+        let first = 16 + HEADER_LEN + 20 * usize::from(cpus) + 16;
+        let entries: Vec<&[u8]> = bytes[first..].chunks(8).collect();
+        let io: Vec<_> = entries
+            .iter()
+            .filter(|e| e[0] == ENTRY_IO_INTERRUPT)
+            .collect();
+        assert_eq!(io.len(), usize::from(IOAPIC_PINS));
+        for (pin, e) in io.iter().enumerate() {
+            assert_eq!(e[1], INT_VECTORED, "pin {pin}");
+            assert_eq!(
+                (e[5], e[7]),
+                (pin as u8, pin as u8),
+                "ISA IRQ {pin} on pin {pin}"
+            );
+        }
+        let local: Vec<_> = entries
+            .iter()
+            .filter(|e| e[0] == ENTRY_LOCAL_INTERRUPT)
+            .collect();
+        assert_eq!(local.len(), 2);
+        assert_eq!((local[0][1], local[0][7]), (INT_EXTINT, 0));
+        assert_eq!((local[1][1], local[1][7]), (INT_NMI, 1));
     }
 
     #[test]

@@ -139,6 +139,32 @@ pub fn spawn(args: &[&str]) -> Child {
         .expect("start ember")
 }
 
+/// Reads `from` until `text` has appeared, it ends, or `deadline` passes; returns what was
+/// read and the stream, for `finish` to read the rest.
+pub fn read_until<R: Read + Send + 'static>(
+    mut from: R,
+    text: &str,
+    deadline: Duration,
+) -> (String, R) {
+    let text = text.to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut byte = [0u8; 1];
+        while !String::from_utf8_lossy(&seen).contains(&text) {
+            match from.read(&mut byte) {
+                Ok(1) => seen.push(byte[0]),
+                _ => break,
+            }
+        }
+        let _ = tx.send(());
+        (String::from_utf8_lossy(&seen).into_owned(), from)
+    });
+    rx.recv_timeout(deadline)
+        .unwrap_or_else(|_| panic!("nothing like the expected text within {deadline:?}"));
+    reader.join().unwrap()
+}
+
 /// Waits for `child` (killing it after `deadline`) and collects its output.
 pub fn finish(mut child: Child, started: Instant, deadline: Duration) -> Run {
     let mut status = None;

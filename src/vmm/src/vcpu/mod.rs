@@ -220,9 +220,21 @@ impl Vcpu {
                     self.metrics.vcpu.failures.inc();
                 }
                 self.exit.report(reason);
-                return;
+                hold_until_exit(self);
             }
         }
+    }
+}
+
+/// What a vCPU thread does once it has stopped the VM: nothing, until the VMM thread ends the
+/// process. Returning would drop the vCPU's file descriptors, and perhaps the last reference
+/// to a device, under the vCPU filter, which allows neither `close` nor what a device's drop
+/// may call: whenever the thread got there before the process exit (as it does on a slower
+/// host), seccomp killed ember with SIGSYS on a healthy guest's reboot.
+fn hold_until_exit(vcpu: Vcpu) -> ! {
+    let _held = vcpu;
+    loop {
+        std::thread::park();
     }
 }
 
