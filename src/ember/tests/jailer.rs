@@ -21,10 +21,15 @@ use serde_json::json;
 const ID: u32 = 1234;
 const BOOT: Duration = Duration::from_secs(30);
 
-/// The directory holding static `ember` and `jailer`, built once per test binary.
+/// The directory holding static `ember` and `jailer`: `EMBER_STATIC_DIR` when scripts/test
+/// built them already (it does before running the tests on an emulated host, where a cargo
+/// build would crawl), else built once per test binary.
 fn static_bins() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("EMBER_STATIC_DIR") {
+            return PathBuf::from(dir);
+        }
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build-static");
         let out = Command::new(script)
             .output()

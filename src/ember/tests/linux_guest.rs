@@ -198,3 +198,32 @@ fn linux_reboot_and_panic_end_ember_with_status_0() {
     let run = boot(&img, &s, "vmlinux", "ember_panic=1", 1, 128, &[]);
     assert!(run.stdout.contains("Kernel panic"), "{}", run.stdout);
 }
+
+/// Ember's PVM adaptations (docs/pvm.md) reach the guest on a kvm_pvm host and nowhere else:
+/// elsewhere the guest's command line is the user's and its CPUID keeps CMPXCHG16B, POPCNT
+/// and XSAVE.
+#[test]
+fn linux_gets_pvm_adaptations_only_on_a_pvm_host() {
+    let Some(img) = linux_or_skip("linux_gets_pvm_adaptations_only_on_a_pvm_host") else {
+        return;
+    };
+    let s = Scratch::new("linux-pvm-adaptations");
+    let cmd = r#"ember_cmd="cat /proc/cmdline; grep -m1 ^flags /proc/cpuinfo""#;
+    let run = boot(&img, &s, "vmlinux", cmd, 1, 128, &[]);
+    let lines = command_output(&run);
+    let (cmdline, flags) = (&lines[0], &lines[1]);
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    let pvm = host_kind() == "kvm_pvm";
+    eprintln!("{} host; cmdline: {cmdline}; flags: {flags:?}", host_kind());
+    assert_eq!(cmdline.contains(vmm::pvm::BOOT_ARGS), pvm, "{cmdline}");
+    for word in ["ember_pvm_syscall", "noxsave", "clearcpuid"] {
+        assert_eq!(cmdline.contains(word), pvm, "{word} in {cmdline}");
+    }
+    for flag in ["cx16", "popcnt", "xsave"] {
+        assert_eq!(
+            flags.contains(&flag),
+            !pvm,
+            "{flag} in the guest's CPU flags"
+        );
+    }
+}

@@ -24,14 +24,28 @@ pub fn skip(test: &str, reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }
 
-/// True if this host can run KVM guests; otherwise prints the SKIPPED line.
+/// Which KVM this host has: `kvm_pvm`, `kvm_intel`, `kvm_amd`, or `KVM` when /sys does not
+/// say (inside a jail).
+pub fn host_kind() -> &'static str {
+    ["kvm_pvm", "kvm_intel", "kvm_amd"]
+        .into_iter()
+        .find(|m| Path::new("/sys/module").join(m).exists())
+        .unwrap_or("KVM")
+}
+
+/// True if this host can run KVM guests, after printing which kind of host the test runs on;
+/// otherwise prints the SKIPPED line.
 pub fn kvm_or_skip(test: &str) -> bool {
     match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
     {
-        Ok(_) => true,
+        Ok(_) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "{test}: on a {} host", host_kind());
+            true
+        }
         Err(e) => {
             skip(test, &format!("/dev/kvm cannot be opened ({e})"));
             false

@@ -419,11 +419,13 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
     let queue: Queue = mq.create_queue().unwrap();
     let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     dev.activate(mem.clone(), vec![queue], irq).unwrap();
+    // Timed from before the bucket is emptied: on a slow host the checks between
+    // could take long enough to refill it, and the wait below would look too short.
+    let started = std::time::Instant::now();
     dev.process_queue();
     assert_eq!(used(&mem, &mq).len(), 2, "the bucket holds two requests");
     assert_eq!(metrics.rate_limiter_throttled_events.total(), 1);
 
-    let started = std::time::Instant::now();
     while used(&mem, &mq).len() < 5 {
         dev.on_limiter_timer();
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
