@@ -96,6 +96,18 @@ pub fn filter(entries: &mut [kvm_cpuid_entry2], topo: Topology) {
     }
 }
 
+/// CPUID.1:ECX bit 24: the local APIC's TSC-deadline timer mode.
+const ECX_TSC_DEADLINE: u32 = 1 << 24;
+
+/// Offers the TSC-deadline timer, which KVM emulates (KVM_CAP_TSC_DEADLINE_TIMER) but leaves
+/// out of its supported CPUID. Linux then arms the local APIC timer by deadline and needs
+/// neither the PIT nor a calibration of the APIC timer at boot.
+pub fn offer_tsc_deadline_timer(entries: &mut [kvm_cpuid_entry2]) {
+    for entry in entries.iter_mut().filter(|e| e.function == LEAF_FEATURES) {
+        entry.ecx |= ECX_TSC_DEADLINE;
+    }
+}
+
 /// KVM's paravirtual feature leaf.
 const LEAF_KVM_FEATURES: u32 = 0x4000_0001;
 
@@ -137,6 +149,20 @@ mod tests {
             leaf(0xb, 1),
             leaf(0xb, 2),
         ]
+    }
+
+    #[test]
+    fn the_tsc_deadline_timer_is_offered_in_leaf_1_only() {
+        let mut entries = fixture();
+        offer_tsc_deadline_timer(&mut entries);
+        for e in &entries {
+            assert_eq!(
+                e.ecx & ECX_TSC_DEADLINE != 0,
+                e.function == 1,
+                "leaf {:#x}",
+                e.function
+            );
+        }
     }
 
     #[test]

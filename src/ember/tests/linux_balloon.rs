@@ -81,8 +81,11 @@ fn linux_inflating_the_balloon_gives_memory_back_to_the_host_and_deflating_to_th
         touched.saturating_sub(inflated) >= 230 * MIB,
         "RSS {touched} -> {inflated} KiB"
     );
+    // The pages in the balloon are not free in the guest. (Not compared with the first
+    // statistics: those may date from before the toucher exited and gave its 272 MiB back.)
     assert!(
-        full["free_memory"].as_u64().unwrap() < first["free_memory"].as_u64().unwrap(),
+        full["free_memory"].as_u64().unwrap()
+            < first["total_memory"].as_u64().unwrap() - 256 * MIB * 1024,
         "{first} {full}"
     );
 

@@ -47,6 +47,8 @@ pub struct HostCaps {
     pub msr_indices: Vec<u32>,
     /// The host's KVM is kvm_pvm ([`crate::pvm`]).
     pub pvm: bool,
+    /// KVM emulates the local APIC's TSC-deadline timer (KVM_CAP_TSC_DEADLINE_TIMER).
+    pub tsc_deadline: bool,
 }
 
 #[derive(Debug)]
@@ -108,6 +110,7 @@ impl Vm {
             supported_cpuid,
             msr_indices,
             pvm: crate::pvm::host_is_pvm(),
+            tsc_deadline: self.kvm.check_extension(Cap::TscDeadlineTimer),
         })
     }
 

@@ -66,6 +66,9 @@ impl Vcpu {
         let index = topo.cpu_index;
         let mut cpuid = caps.supported_cpuid.clone();
         arch::cpuid::filter(cpuid.as_mut_slice(), topo);
+        if caps.tsc_deadline {
+            arch::cpuid::offer_tsc_deadline_timer(cpuid.as_mut_slice());
+        }
         if caps.pvm {
             arch::cpuid::hide_features(
                 cpuid.as_mut_slice(),
