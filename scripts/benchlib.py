@@ -26,10 +26,25 @@ def stats(name, values, unit="ms", digits=1):
 
 
 def guest_paths():
-    """The test guest images (release build): {"pvh": ..., "linux64": ..., "bzimage": ...}."""
-    out = sh("cargo", "run", "--release", "--locked", "-q", "-p", "test-guest",
-             capture_output=True, text=True).stdout
+    """The test guest images (release build): {"pvh": ..., "linux64": ..., "bzimage": ...}.
+    EMBER_BENCH_GUESTS may hold what the build printed (scripts/bench-kvm-host sets it, so
+    that nothing is built on the emulated host)."""
+    out = os.environ.get("EMBER_BENCH_GUESTS") or sh(
+        "cargo", "run", "--release", "--locked", "-q", "-p", "test-guest",
+        capture_output=True, text=True).stdout
     return dict(line.split("=", 1) for line in out.split())
+
+
+def release_build():
+    """Builds ember in release mode, unless EMBER_BENCH_GUESTS says it was built already."""
+    if not os.environ.get("EMBER_BENCH_GUESTS"):
+        sh("cargo", "build", "--release", "--locked", "-q", "-p", "ember")
+
+
+def linux_images():
+    """The Linux guest images' directory: EMBER_GUEST_DIR, else what guest/build.sh makes."""
+    return os.environ.get("EMBER_GUEST_DIR") or sh(
+        "guest/build.sh", capture_output=True, text=True).stdout.strip().splitlines()[-1]
 
 
 def qemu_microvm(kernel, args, extra=()):

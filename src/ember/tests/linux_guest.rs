@@ -201,8 +201,7 @@ fn linux_reboot_and_panic_end_ember_with_status_0() {
 
 /// Ember's PVM adaptations (docs/pvm.md) reach the guest on a kvm_pvm host and nowhere else:
 /// elsewhere the guest's command line is the user's and its CPUID keeps CMPXCHG16B and
-/// POPCNT. (Not XSAVE: on the emulated kvm_amd host the guest kernel turns XSAVE off itself,
-/// see docs/test-hosts.md.)
+/// POPCNT. (Not XSAVE: the emulated kvm_amd host's CPU has none, see docs/test-hosts.md.)
 #[test]
 fn linux_gets_pvm_adaptations_only_on_a_pvm_host() {
     let Some(img) = linux_or_skip("linux_gets_pvm_adaptations_only_on_a_pvm_host") else {
