@@ -145,7 +145,10 @@ pub fn restore_vcpu(vcpu: &VcpuFd, index: u8, state: &VcpuState) -> Result<(), S
     // (arch_prctl(ARCH_REQ_XCOMP_GUEST_PERM)), so KVM copies only the 4,096-byte `kvm_xsave`
     // this reference points to.
     unsafe { vcpu.set_xsave(&state.xsave) }.map_err(set("extended state (xsave)"))?;
-    vcpu.set_xcrs(&state.xcrs).map_err(set("XCRs"))?;
+    // A host without XSAVE has no XCRs: KVM saves none and refuses to set any.
+    if state.xcrs.nr_xcrs > 0 {
+        vcpu.set_xcrs(&state.xcrs).map_err(set("XCRs"))?;
+    }
     vcpu.set_debug_regs(&state.debugregs)
         .map_err(set("debug registers"))?;
     vcpu.set_lapic(&state.lapic).map_err(set("LAPIC"))?;
