@@ -583,7 +583,7 @@ fn with_netns_the_guest_talks_to_its_tap_inside_that_namespace() {
     )
     .expect(204, "");
     c.instance_start();
-    ember.wait_clean_exit(LINUX_DEADLINE);
+    ember.wait_clean_exit(linux_deadline());
     let lines = command_lines(&ember.stdout());
     assert!(lines.iter().any(|l| l == "ping-ok"), "{lines:#?}");
     // The packets went through the TAP in that namespace, and the guest's MAC is known there.

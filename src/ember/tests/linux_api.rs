@@ -30,10 +30,10 @@ fn configure(c: &mut Client, img: &Images, s: &Scratch, cmd: &str) {
 /// Sends Ctrl+Alt+Del once the guest listens, and returns the key events it printed.
 fn press_ctrl_alt_del(ember: &mut Ember, c: &mut Client) -> Vec<String> {
     // At a line start: the kernel echoes its command line, which holds the same words.
-    ember.wait_for("\nember-keyboard-ready", LINUX_DEADLINE);
+    ember.wait_for("\nember-keyboard-ready", linux_deadline());
     c.put("/actions", &json!({"action_type": "SendCtrlAltDel"}))
         .expect(204, "");
-    ember.wait_clean_exit(LINUX_DEADLINE);
+    ember.wait_clean_exit(linux_deadline());
     ember
         .stdout()
         .lines()
@@ -53,7 +53,7 @@ fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
     let mut c = ember.client();
     configure(&mut c, &img, &s, READ_KEYS);
     c.instance_start();
-    ember.wait_for("ember-linux: cpus=2 ", LINUX_DEADLINE);
+    ember.wait_for("ember-linux: cpus=2 ", linux_deadline());
     let config = c.get("/vm/config").expect(200, "").json();
     assert_eq!(config["machine-config"]["mem_size_mib"], 256);
     assert_eq!(config["drives"].as_array().unwrap().len(), 2);
@@ -79,7 +79,7 @@ fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
     let saved = s2.file("saved.json", config.to_string().as_bytes());
     let mut second = Ember::start(&s2, &["--config-file", &saved]);
     let mut c2 = second.client();
-    second.wait_for("ember-linux: cpus=2 ", LINUX_DEADLINE);
+    second.wait_for("ember-linux: cpus=2 ", linux_deadline());
     assert_eq!(press_ctrl_alt_del(&mut second, &mut c2), keys);
 }
 
@@ -94,7 +94,7 @@ fn a_paused_linux_makes_no_progress_until_resumed() {
     let cmd = r#"ember_cmd="i=0; while [ $i -lt 100000 ]; do echo ember-tick $i; i=$((i+1)); sleep 1; done""#;
     configure(&mut c, &img, &s, cmd);
     c.instance_start();
-    ember.wait_for("ember-tick 2", LINUX_DEADLINE);
+    ember.wait_for("ember-tick 2", linux_deadline());
     let count = |e: &Ember| e.stdout().matches("\nember-tick ").count();
 
     c.patch("/vm", &json!({"state": "Paused"})).expect(204, "");
@@ -105,6 +105,6 @@ fn a_paused_linux_makes_no_progress_until_resumed() {
     assert_eq!(c.get("/").json()["state"], "Paused");
 
     c.patch("/vm", &json!({"state": "Resumed"})).expect(204, "");
-    ember.wait_for(&format!("ember-tick {}", paused_at + 1), LINUX_DEADLINE);
+    ember.wait_for(&format!("ember-tick {}", paused_at + 1), linux_deadline());
     assert_eq!(ember.terminate(), Some(128 + libc::SIGTERM));
 }

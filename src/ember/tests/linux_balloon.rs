@@ -25,7 +25,7 @@ fn stats_until(c: &mut Client, what: &str, done: impl Fn(&Value) -> bool) -> Val
         if done(&stats) {
             return stats;
         }
-        assert!(started.elapsed() < LINUX_DEADLINE, "{what}: {stats}");
+        assert!(started.elapsed() < linux_deadline(), "{what}: {stats}");
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -57,7 +57,7 @@ fn linux_inflating_the_balloon_gives_memory_back_to_the_host_and_deflating_to_th
         .expect(400, "not supported before starting");
     c.instance_start();
 
-    ember.wait_for("ember-agent: touched 272 MiB", LINUX_DEADLINE);
+    ember.wait_for("ember-agent: touched 272 MiB", linux_deadline());
     std::thread::sleep(Duration::from_millis(500));
     let touched = ember.rss_kib();
     // Statistics come every second: the guest's total and free memory.
@@ -76,7 +76,7 @@ fn linux_inflating_the_balloon_gives_memory_back_to_the_host_and_deflating_to_th
             && s["total_memory"].as_u64().unwrap_or(u64::MAX) <= first_total - 250 * MIB * 1024
     });
     let inflate_time = started.elapsed();
-    ember.wait_for("\ninflated ", LINUX_DEADLINE);
+    ember.wait_for("\ninflated ", linux_deadline());
     let inflated = ember.rss_kib();
     eprintln!(
         "RSS after touching 272 MiB {touched} KiB, after inflating 256 MiB {inflated} KiB \

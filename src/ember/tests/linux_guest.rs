@@ -25,7 +25,7 @@ fn boot(
         "drives": all,
         "machine-config": {"vcpu_count": vcpus, "mem_size_mib": mem},
     });
-    let run = run_config_within(s, &cfg, LINUX_DEADLINE);
+    let run = run_config_within(s, &cfg, linux_deadline());
     assert_eq!(
         run.status,
         Some(0),
@@ -108,7 +108,7 @@ fn linux_boots_as_vmlinux_bzimage_and_from_an_initramfs() {
         "boot-source": {"kernel_image_path": img.file("bzImage"), "initrd_path": img.file("initramfs.cpio.gz"), "boot_args": BASE_ARGS},
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 128},
     });
-    let run = run_config_within(&s, &cfg, LINUX_DEADLINE);
+    let run = run_config_within(&s, &cfg, linux_deadline());
     assert_eq!(run.status, Some(0), "{}", run.stderr);
     assert!(run.stdout.contains("EMBER-INIT-OK"), "{}", run.stdout);
     assert_eq!(report(&run, "root"), "rootfs", "running from the initramfs");

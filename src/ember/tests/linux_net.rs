@@ -96,14 +96,14 @@ fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
     c.instance_start();
     // While the guest runs (a TAP that goes down forgets its neighbours), the host has
     // learnt each configured MAC from the guest's ARP.
-    ember.wait_for("\nping-eth1-ok", LINUX_DEADLINE);
+    ember.wait_for("\nping-eth1-ok", linux_deadline());
     assert!(ns
         .exec(&["ip", "neigh", "show", "dev", "tap0"])
         .contains("06:00:0a:32:01:02"));
     assert!(ns
         .exec(&["ip", "neigh", "show", "dev", "tap1"])
         .contains("06:00:0a:32:02:02"));
-    ember.wait_clean_exit(LINUX_DEADLINE);
+    ember.wait_clean_exit(linux_deadline());
     let lines = command_lines(&ember.stdout());
     eprintln!("guest run {:?}: {lines:#?}", started.elapsed());
 
@@ -230,11 +230,11 @@ fn linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap() {
     )
     .expect(204, "");
     c.instance_start();
-    ember.wait_for("\nmmds-wait-patch", LINUX_DEADLINE);
+    ember.wait_for("\nmmds-wait-patch", linux_deadline());
     let patched = Instant::now();
     c.patch("/mmds", &json!({"latest": {"meta-data": {"phase": "two"}}}))
         .expect(204, "");
-    ember.wait_clean_exit(LINUX_DEADLINE);
+    ember.wait_clean_exit(linux_deadline());
     eprintln!("the guest saw the PATCH {:?} after it", patched.elapsed());
     stop.store(true, Ordering::SeqCst);
     let (naming_mmds, from_guest) = watcher.join().unwrap();
@@ -301,7 +301,7 @@ fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
     c.put("/mmds", &json!({"latest": {"id": "i-1"}}))
         .expect(204, "");
     c.instance_start();
-    ember.wait_for("\nhostile-start", LINUX_DEADLINE);
+    ember.wait_for("\nhostile-start", linux_deadline());
     let before = ember.rss_kib();
     // After boot: PATCH may change only rate limiters; the rest is refused as Firecracker does.
     c.patch("/network-interfaces/eth0", &json!({"iface_id": "eth0"}))
@@ -325,9 +325,9 @@ fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
     .expect(400, "not supported after starting the microVM");
     c.put("/mmds/config", &json!({"network_interfaces": ["eth0"]}))
         .expect(400, "not supported after starting the microVM");
-    ember.wait_for("\nhostile-done", LINUX_DEADLINE);
+    ember.wait_for("\nhostile-done", linux_deadline());
     let after = ember.rss_kib();
-    ember.wait_clean_exit(LINUX_DEADLINE);
+    ember.wait_clean_exit(linux_deadline());
     let lines = command_lines(&ember.stdout());
     eprintln!("{lines:#?}\nember RSS {before} KiB before, {after} KiB after");
 

@@ -121,11 +121,11 @@ fn linux_drive_limits_give_the_configured_bandwidth_burst_and_ops() {
     );
     c.instance_start();
 
-    ember.wait_for("\nidle-start", LINUX_DEADLINE);
+    ember.wait_for("\nidle-start", linux_deadline());
     let idle = cpu_percent(&ember, Duration::from_secs(5));
-    ember.wait_for("\nbw-start", LINUX_DEADLINE);
+    ember.wait_for("\nbw-start", linux_deadline());
     let throttled = cpu_percent(&ember, Duration::from_secs(5));
-    ember.wait_for("\npatch-me", LINUX_DEADLINE);
+    ember.wait_for("\npatch-me", linux_deadline());
     c.patch(
         "/drives/bw",
         &json!({"drive_id": "bw", "rate_limiter": bandwidth(B2, 0)}),
@@ -246,7 +246,7 @@ fn linux_network_limits_give_the_configured_tcp_rates_both_ways() {
     )
     .expect(204, "");
     c.instance_start();
-    ember.wait_for("\npatch-me", LINUX_DEADLINE);
+    ember.wait_for("\npatch-me", linux_deadline());
     c.patch(
         "/network-interfaces/eth0",
         &json!({"iface_id": "eth0", "tx_rate_limiter": limit(NET_TX2)}),
@@ -328,7 +328,7 @@ fn linux_sees_a_resized_and_a_replaced_disk_without_a_reboot() {
     c.instance_start();
 
     // Grow the file and fill it on the host; a PATCH of the same path tells the guest.
-    ember.wait_for("\nresize-me", LINUX_DEADLINE);
+    ember.wait_for("\nresize-me", linux_deadline());
     let mut grown = b"EMBER-RESIZED!".to_vec();
     grown.resize(8 * MIB as usize, 0x11);
     std::fs::write(&data, &grown).unwrap();
@@ -338,7 +338,7 @@ fn linux_sees_a_resized_and_a_replaced_disk_without_a_reboot() {
     )
     .expect(204, "");
     // Firecracker's older way: the file grows again, and BlockDeviceRescan.
-    ember.wait_for("\nrescan-me", LINUX_DEADLINE);
+    ember.wait_for("\nrescan-me", linux_deadline());
     std::fs::OpenOptions::new()
         .write(true)
         .open(&data)
@@ -352,7 +352,7 @@ fn linux_sees_a_resized_and_a_replaced_disk_without_a_reboot() {
     .expect(204, "");
     // Another file: a path that does not exist is refused and changes nothing; a real one
     // takes over.
-    ember.wait_for("\nreplace-me", LINUX_DEADLINE);
+    ember.wait_for("\nreplace-me", linux_deadline());
     c.patch(
         "/drives/data",
         &json!({"drive_id": "data", "path_on_host": "/nonexistent/other.img"}),
@@ -368,7 +368,7 @@ fn linux_sees_a_resized_and_a_replaced_disk_without_a_reboot() {
     .expect(204, "");
     let config = c.get("/vm/config").json();
     assert_eq!(config["drives"][1]["path_on_host"], other.as_str());
-    ember.wait_clean_exit(LINUX_DEADLINE);
+    ember.wait_clean_exit(linux_deadline());
     let lines = command_lines(&ember.stdout());
     eprintln!("{lines:#?}");
     let has = |l: &str| lines.iter().any(|x| x == l);

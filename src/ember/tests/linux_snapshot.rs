@@ -38,7 +38,7 @@ fn ember_in(ns: &NetNs, s: &Scratch, name: &str) -> Ember {
 /// made before it has done so is reset too: such an empty answer is asked again.
 fn run(uds: &Path, cmd: &str) -> String {
     for _ in 0..5 {
-        let mut s: UnixStream = connect_when_up(uds, PORT, LINUX_DEADLINE);
+        let mut s: UnixStream = connect_when_up(uds, PORT, linux_deadline());
         s.write_all(format!("RUN {cmd}\n").as_bytes()).unwrap();
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
@@ -106,7 +106,7 @@ fn linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmd
         .expect(204, "");
     c.instance_start();
 
-    let mut tcp = accept(&listener, LINUX_DEADLINE);
+    let mut tcp = accept(&listener, linux_deadline());
     tcp.set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
     let mut reader = BufReader::new(tcp.try_clone().unwrap());

@@ -71,7 +71,7 @@ fn linux_streams_over_vsock_both_ways_with_flow_control_and_clean_failures() {
 
     let started = Instant::now();
     c.instance_start();
-    let mut first = connect_when_up(&uds, PORT, LINUX_DEADLINE);
+    let mut first = connect_when_up(&uds, PORT, linux_deadline());
     first.write_all(b"INFO\n").unwrap();
     let info = read_line(&mut first);
     eprintln!(

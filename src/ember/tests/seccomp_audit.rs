@@ -66,7 +66,7 @@ fn after_filter(trace: &str) -> Option<(String, BTreeSet<String>, BTreeSet<u64>)
 /// Streams both ways, a guest connection to the host, and the failures.
 fn vsock_traffic(uds: &std::path::Path) {
     use std::io::{Read, Write};
-    let mut s = vsock::connect_when_up(uds, 5000, LINUX_DEADLINE);
+    let mut s = vsock::connect_when_up(uds, 5000, linux_deadline());
     s.write_all(b"SOURCE 1048576 1\n").unwrap();
     let mut got = Vec::new();
     s.read_to_end(&mut got).unwrap();
@@ -163,7 +163,7 @@ fn every_system_call_of_a_full_run_is_in_its_threads_filter() {
     )
     .expect(204, "");
     c.instance_start();
-    ember.wait_for("\npatch-me", LINUX_DEADLINE);
+    ember.wait_for("\npatch-me", linux_deadline());
     vsock_traffic(&uds);
     c.patch("/vm", &json!({"state": "Paused"})).expect(204, "");
     c.patch("/vm", &json!({"state": "Resumed"})).expect(204, "");
@@ -175,7 +175,7 @@ fn every_system_call_of_a_full_run_is_in_its_threads_filter() {
     .expect(204, "");
     c.put("/actions", &json!({"action_type": "FlushMetrics"}))
         .expect(204, "");
-    ember.wait_clean_exit(LINUX_DEADLINE);
+    ember.wait_clean_exit(linux_deadline());
     let lines = command_lines(&ember.stdout());
     for expected in ["ping-ok", "audit-7", "read-ok", "write-ok"] {
         assert!(

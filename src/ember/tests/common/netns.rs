@@ -238,7 +238,7 @@ fn peer<T: Send + 'static>(
     let thread = ns.spawn(move || {
         let listener = TcpListener::bind(&addr).unwrap();
         tx.send(()).unwrap();
-        serve(accept(&listener, super::linux::LINUX_DEADLINE))
+        serve(accept(&listener, super::linux::linux_deadline()))
     });
     rx.recv().unwrap();
     thread
