@@ -29,10 +29,15 @@ def guest_paths():
     """The test guest images (release build): {"pvh": ..., "linux64": ..., "bzimage": ...}.
     EMBER_BENCH_GUESTS may hold what the build printed (scripts/bench-kvm-host sets it, so
     that nothing is built on the emulated host)."""
-    out = os.environ.get("EMBER_BENCH_GUESTS") or sh(
-        "cargo", "run", "--release", "--locked", "-q", "-p", "test-guest",
-        capture_output=True, text=True).stdout
+    out = os.environ.get("EMBER_BENCH_GUESTS") or build_test_guests()
     return dict(line.split("=", 1) for line in out.split())
+
+
+def build_test_guests():
+    """Builds the test guest images (release) and returns what the build printed: a
+    `name=path` line per image."""
+    return sh("cargo", "run", "--release", "--locked", "-q", "-p", "test-guest",
+              capture_output=True, text=True).stdout
 
 
 def release_build():

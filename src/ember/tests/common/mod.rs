@@ -165,7 +165,7 @@ pub fn read_until<R: Read + Send + 'static>(
     let reader = std::thread::spawn(move || {
         let mut seen = Vec::new();
         let mut byte = [0u8; 1];
-        while !String::from_utf8_lossy(&seen).contains(&text) {
+        while !seen.ends_with(text.as_bytes()) {
             match from.read(&mut byte) {
                 Ok(1) => seen.push(byte[0]),
                 _ => break,
