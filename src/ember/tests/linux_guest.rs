@@ -33,7 +33,12 @@ fn boot(
         run.stdout,
         run.stderr
     );
-    assert!(run.stdout.contains("EMBER-INIT-OK"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("EMBER-INIT-OK"),
+        "stdout:\n{}\nstderr:\n{}",
+        run.stdout,
+        run.stderr
+    );
     run
 }
 
@@ -213,7 +218,7 @@ fn linux_gets_pvm_adaptations_only_on_a_pvm_host() {
     let lines = command_output(&run);
     let (cmdline, flags) = (&lines[0], &lines[1]);
     let flags: Vec<&str> = flags.split_whitespace().collect();
-    let pvm = host_kind() == "kvm_pvm";
+    let pvm = vmm::pvm::host_is_pvm();
     eprintln!("{} host; cmdline: {cmdline}; flags: {flags:?}", host_kind());
     assert_eq!(cmdline.contains(vmm::pvm::BOOT_ARGS), pvm, "{cmdline}");
     for word in ["ember_pvm_syscall", "noxsave", "clearcpuid"] {

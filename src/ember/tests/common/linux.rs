@@ -15,11 +15,7 @@ pub const BASE_ARGS: &str =
 /// kvm_pvm, where the longest tests need minutes. Off kvm_pvm a stalled guest is given up on
 /// sooner (docs/test-hosts.md).
 pub fn linux_deadline() -> std::time::Duration {
-    let secs = if super::host_kind() == "kvm_pvm" {
-        600
-    } else {
-        240
-    };
+    let secs = if vmm::pvm::host_is_pvm() { 600 } else { 240 };
     std::time::Duration::from_secs(secs)
 }
 

@@ -61,8 +61,14 @@ pub fn handle(exit: VcpuExit<'_>, index: u8, pio: &Bus, mmio: &Bus) -> Outcome {
         }
         // With the in-kernel irqchip HLT is handled by KVM; an exit here only means "run again".
         VcpuExit::Hlt | VcpuExit::IrqWindowOpen | VcpuExit::Intr => Outcome::Continue,
-        // A triple fault: the CPU resets.
-        VcpuExit::Shutdown => Outcome::Stop(VmExit::Reset),
+        // A triple fault: the CPU resets. Said in the log, as a supervisor sees exit status 0
+        // for it as for a reboot.
+        VcpuExit::Shutdown => {
+            log::warn!(
+                "vCPU {index}: the guest triple-faulted (KVM_EXIT_SHUTDOWN); the microVM resets"
+            );
+            Outcome::Stop(VmExit::Reset)
+        }
         VcpuExit::SystemEvent(kind, _) => match kind {
             KVM_SYSTEM_EVENT_RESET => Outcome::Stop(VmExit::Reset),
             KVM_SYSTEM_EVENT_SHUTDOWN => Outcome::Stop(VmExit::PowerOff),
