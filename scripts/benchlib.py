@@ -25,6 +25,14 @@ def stats(name, values, unit="ms", digits=1):
     return {"median": med, "min": values[0], "max": values[-1], "runs": len(values)}
 
 
+def host_kind():
+    """Which KVM this host has: kvm_pvm, kvm_intel, kvm_amd, or KVM when /sys does not say."""
+    for m in ("kvm_pvm", "kvm_intel", "kvm_amd"):
+        if os.path.exists(f"/sys/module/{m}"):
+            return m
+    return "KVM"
+
+
 def guest_paths():
     """The test guest images (release build): {"pvh": ..., "linux64": ..., "bzimage": ...}.
     EMBER_BENCH_GUESTS may hold what the build printed (scripts/bench-kvm-host sets it, so
