@@ -28,8 +28,10 @@ pub enum ParseError {
     Header(usize),
     #[error("the request headers are over the limit of {MAX_HEADER_BLOCK} bytes")]
     HeadersTooLarge,
-    #[error("the Content-Length header is not a number")]
+    #[error("the Content-Length header is not a number (digits only)")]
     ContentLength,
+    #[error("the request has more than one Content-Length header")]
+    DuplicateContentLength,
     #[error("the request payload of {size} bytes is over the limit of {limit} bytes")]
     PayloadTooLarge { size: usize, limit: usize },
     #[error("Transfer-Encoding is not supported; send a Content-Length")]
@@ -165,7 +167,7 @@ fn parse_head(head: &str) -> Result<Head, ParseError> {
         _ => return Err(ParseError::RequestLine),
     };
     let path = target.split('?').next().unwrap_or(target).to_string();
-    let mut content_length = 0;
+    let mut content_length = None;
     let mut expect_continue = false;
     for (i, line) in lines.enumerate() {
         let (name, value) = line.split_once(':').ok_or(ParseError::Header(i + 1))?;
@@ -174,7 +176,15 @@ fn parse_head(head: &str) -> Result<Head, ParseError> {
         }
         let value = value.trim();
         if name.eq_ignore_ascii_case("content-length") {
-            content_length = value.parse().map_err(|_| ParseError::ContentLength)?;
+            // Digits only: `+36` or ` 36, 36` would parse somewhere and frame differently
+            // elsewhere, and two lengths leave the body's end ambiguous (request smuggling).
+            if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(ParseError::ContentLength);
+            }
+            if content_length.is_some() {
+                return Err(ParseError::DuplicateContentLength);
+            }
+            content_length = Some(value.parse().map_err(|_| ParseError::ContentLength)?);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(ParseError::TransferEncoding);
         } else if name.eq_ignore_ascii_case("expect") {
@@ -190,7 +200,7 @@ fn parse_head(head: &str) -> Result<Head, ParseError> {
     Ok(Head {
         method: method.to_string(),
         path,
-        content_length,
+        content_length: content_length.unwrap_or(0),
         keep_alive,
         expect_continue,
     })
@@ -368,6 +378,22 @@ mod tests {
                 ParseError::Version("HTTP/2.0".into()),
             ),
             (b"GET / FTP\r\n\r\n", ParseError::RequestLine),
+            (
+                b"PUT / HTTP/1.1\r\nContent-Length: +36\r\n\r\n",
+                ParseError::ContentLength,
+            ),
+            (
+                b"PUT / HTTP/1.1\r\nContent-Length: -0\r\n\r\n",
+                ParseError::ContentLength,
+            ),
+            (
+                b"PUT / HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 3\r\n\r\n",
+                ParseError::DuplicateContentLength,
+            ),
+            (
+                b"PUT / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n",
+                ParseError::DuplicateContentLength,
+            ),
             (b"GET / HTTP/1.1\r\nNoColon\r\n\r\n", ParseError::Header(1)),
             (
                 b"GET / HTTP/1.1\r\nA: b\r\nBad Name: x\r\n\r\n",

@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use telemetry::Span;
 
@@ -20,11 +20,18 @@ use crate::http::{RequestParser, Response};
 use crate::reply::to_response;
 use crate::routes::{self, Routed};
 
-/// Open connections beyond this are answered 503 and closed. Each costs a file descriptor
-/// and at most one request's buffer.
+/// Open connections at most. Each costs a file descriptor and at most one request's buffer.
+/// A client that comes when all are taken takes the place of the connection that has been
+/// quiet longest, so that held or abandoned connections never lock a client out.
 pub const MAX_CONNECTIONS: usize = 256;
+/// A connection quiet this long is closed (HTTP lets a server close an idle persistent
+/// connection; clients reconnect). Long enough for a client that waits out a guest's boot.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Requests served from one connection before the others get their turn.
 const REQUESTS_PER_TURN: usize = 32;
+/// Connections accepted before the open ones get their turn: clients that connect and
+/// close in a loop cannot starve the rest.
+const ACCEPTS_PER_TURN: usize = 32;
 const READ_CHUNK: usize = 4096;
 const LISTENER: u64 = u64::MAX;
 
@@ -85,6 +92,8 @@ struct Connection {
     closing: bool,
     /// The client has shut its side.
     eof: bool,
+    /// When the client last sent or took bytes, or connected.
+    active: Instant,
 }
 
 /// What to do with a connection after serving it.
@@ -107,6 +116,7 @@ pub struct ApiServer {
     vmm: ApiSide,
     max_payload: usize,
     metrics: Arc<telemetry::Metrics>,
+    idle_timeout: Duration,
 }
 
 impl std::fmt::Debug for ApiServer {
@@ -141,14 +151,46 @@ impl ApiServer {
             vmm,
             max_payload,
             metrics,
+            idle_timeout: IDLE_TIMEOUT,
         })
+    }
+
+    /// Closes connections quiet for `timeout` instead of [`IDLE_TIMEOUT`].
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Milliseconds until the quietest connection's idle time runs out; -1 if none is open.
+    fn next_deadline_ms(&self) -> i32 {
+        let Some(oldest) = self.connections.values().map(|c| c.active).min() else {
+            return -1;
+        };
+        let left = (oldest + self.idle_timeout).saturating_duration_since(Instant::now());
+        // Rounded up, so that the wait does not end just before the deadline.
+        (left.as_millis() as i32).saturating_add(1)
+    }
+
+    /// Closes every connection whose idle time has run out.
+    fn close_idle(&mut self) {
+        let timeout = self.idle_timeout;
+        let before = self.connections.len();
+        self.connections.retain(|_, c| c.active.elapsed() < timeout);
+        let closed = before - self.connections.len();
+        if closed > 0 {
+            log::debug!("API: closed {closed} idle connections");
+        }
     }
 
     /// Serves until the VMM thread goes away (ember is exiting).
     pub fn run(mut self) {
         let mut events = vec![EpollEvent::default(); 64];
         loop {
-            let timeout = if self.ready.is_empty() { -1 } else { 0 };
+            let timeout = if self.ready.is_empty() {
+                self.next_deadline_ms()
+            } else {
+                0
+            };
             let n = match self.epoll.wait(timeout, &mut events) {
                 Ok(n) => n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -158,9 +200,12 @@ impl ApiServer {
                 }
             };
             for event in &events[..n] {
-                if event.data() == LISTENER {
-                    self.accept_all();
-                } else if !self.serve(event.data() as RawFd) {
+                let alive = if event.data() == LISTENER {
+                    self.accept_some()
+                } else {
+                    self.serve(event.data() as RawFd)
+                };
+                if !alive {
                     return;
                 }
             }
@@ -169,14 +214,24 @@ impl ApiServer {
                     return;
                 }
             }
+            self.close_idle();
         }
     }
 
-    fn accept_all(&mut self) {
-        loop {
+    /// Accepts up to [`ACCEPTS_PER_TURN`] clients and serves what each has sent already
+    /// (a client that has closed frees its place at once); false if the VMM thread is gone.
+    /// More waiting clients keep the listener readable for the next turn.
+    fn accept_some(&mut self) -> bool {
+        for _ in 0..ACCEPTS_PER_TURN {
             match self.listener.accept() {
-                Ok((stream, _)) => self.add(stream),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Ok((stream, _)) => {
+                    if let Some(fd) = self.add(stream) {
+                        if !self.serve(fd) {
+                            return false;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // Out of file descriptors, most likely: leave the client in the backlog,
@@ -184,19 +239,22 @@ impl ApiServer {
                     // at once, over and over.
                     log::warn!("the API server cannot accept a connection: {e}");
                     std::thread::sleep(std::time::Duration::from_millis(10));
-                    return;
+                    return true;
                 }
             }
         }
+        true
     }
 
-    fn add(&mut self, mut stream: UnixStream) {
+    /// Watches a new connection; its descriptor, or None if it could not be watched.
+    fn add(&mut self, stream: UnixStream) -> Option<RawFd> {
         if self.connections.len() >= MAX_CONNECTIONS {
-            let busy = Response::fault(503, "too many open API connections")
-                .with_header("Connection", "close".into());
-            let _ = stream.set_nonblocking(true);
-            let _ = stream.write(&busy.to_bytes());
-            return;
+            // The quietest connection gives its place to the newcomer.
+            let quietest = self.connections.iter().min_by_key(|(_, c)| c.active);
+            if let Some((&fd, _)) = quietest {
+                log::info!("API: {MAX_CONNECTIONS} connections are open; closed the quietest");
+                self.connections.remove(&fd);
+            }
         }
         let fd = stream.as_raw_fd();
         let registered = stream.set_nonblocking(true).and_then(|()| {
@@ -208,7 +266,7 @@ impl ApiServer {
         });
         if let Err(e) = registered {
             log::warn!("the API server cannot watch a connection: {e}");
-            return;
+            return None;
         }
         self.connections.insert(
             fd,
@@ -219,8 +277,10 @@ impl ApiServer {
                 written: 0,
                 closing: false,
                 eof: false,
+                active: Instant::now(),
             },
         );
+        Some(fd)
     }
 
     /// Serves one connection as far as it can go now; false if the VMM thread is gone.
@@ -228,6 +288,7 @@ impl ApiServer {
         let Some(mut conn) = self.connections.remove(&fd) else {
             return true;
         };
+        conn.active = Instant::now();
         let (next, vmm_alive) = self.advance(&mut conn);
         let interest = match next {
             Next::Close => None,
@@ -367,5 +428,62 @@ fn read_some(conn: &mut Connection) -> std::io::Result<bool> {
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server on a fresh socket, closing connections idle for `idle`; no VMM answers.
+    fn server(name: &str, idle: Duration) -> (std::path::PathBuf, vmm::rpc::VmmSide) {
+        let path = std::env::temp_dir().join(format!("ember-api-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = bind(&path).unwrap();
+        let (api, vmm) = vmm::rpc::channel().unwrap();
+        let metrics = Arc::new(telemetry::Metrics::default());
+        let server = ApiServer::new(listener, api, 1024, metrics).unwrap();
+        std::thread::spawn(move || server.with_idle_timeout(idle).run());
+        (path, vmm)
+    }
+
+    #[test]
+    fn an_idle_connection_is_closed_after_the_timeout() {
+        let (path, _vmm) = server("idle", Duration::from_millis(300));
+        let started = Instant::now();
+        let mut c = UnixStream::connect(&path).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 16];
+        assert_eq!(c.read(&mut buf).unwrap(), 0, "the server closed it");
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_millis(300), "{waited:?}");
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn a_full_server_makes_room_by_closing_the_quietest_connection() {
+        let (path, _vmm) = server("full", Duration::from_secs(600));
+        let held: Vec<UnixStream> = (0..MAX_CONNECTIONS)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        // Let the server accept them all, in order.
+        std::thread::sleep(Duration::from_millis(300));
+        let mut newcomer = UnixStream::connect(&path).unwrap();
+        newcomer
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        // The newcomer is served (a malformed request gets its 400): it was not refused.
+        newcomer.write_all(b"BAD\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        newcomer.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        // The first connection, the quietest, was closed to make room.
+        let mut first = &held[0];
+        first
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!(first.read(&mut [0u8; 1]).unwrap(), 0);
+        std::fs::remove_file(path).unwrap();
     }
 }

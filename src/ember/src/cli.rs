@@ -110,7 +110,7 @@ impl Args {
 }
 
 /// A request body larger than this would not be a configuration.
-const MAX_PAYLOAD_LIMIT: usize = 64 << 20;
+pub const MAX_PAYLOAD_LIMIT: usize = 64 << 20;
 
 /// A size in bytes from 1 to [`MAX_PAYLOAD_LIMIT`].
 fn parse_size(value: &str) -> Option<usize> {

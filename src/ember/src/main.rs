@@ -8,7 +8,7 @@ mod terminal;
 
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use vmm::config::ConfigError;
@@ -33,7 +33,7 @@ enum StartError {
     #[error("cannot read the configuration file {path}: {source}")]
     ReadConfig {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("{0}")]
     Config(#[from] ConfigError),
@@ -44,7 +44,7 @@ enum StartError {
     #[error("cannot read the metadata file {path}: {source}")]
     ReadMetadata {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("the metadata file {path}: {reason}")]
     Metadata { path: String, reason: String },
@@ -122,13 +122,20 @@ fn console() -> Result<Console, StartError> {
     })
 }
 
-/// The MMDS data store, filled from `--metadata` if given.
+/// A configuration file larger than this is not one (Firecracker's are a few KiB).
+const MAX_CONFIG_FILE: u64 = 1 << 20;
+
+/// The MMDS data store, filled from `--metadata` if given (read up to the largest
+/// `--mmds-size-limit`; the store's own limit applies to what it holds).
 fn mmds_store(args: &cli::Args) -> Result<mmds::SharedStore, StartError> {
     let mut store = mmds::DataStore::new(args.mmds_limit());
     if let Some(path) = &args.metadata {
-        let text = std::fs::read_to_string(path).map_err(|source| StartError::ReadMetadata {
-            path: path.clone(),
-            source,
+        let limit = cli::MAX_PAYLOAD_LIMIT as u64;
+        let text = hostfile::read_to_string(Path::new(path), limit).map_err(|source| {
+            StartError::ReadMetadata {
+                path: path.clone(),
+                source,
+            }
         })?;
         let bad = |reason: String| StartError::Metadata {
             path: path.clone(),
@@ -187,10 +194,13 @@ fn run() -> Result<i32, StartError> {
 
     let mut resources = match &args.config_file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| StartError::ReadConfig {
-                path: path.clone(),
-                source,
-            })?;
+            let text =
+                hostfile::read_to_string(Path::new(path), MAX_CONFIG_FILE).map_err(|source| {
+                    StartError::ReadConfig {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
             VmResources::from_json(&text)?
         }
         None => VmResources::default(),
@@ -221,6 +231,8 @@ fn run() -> Result<i32, StartError> {
     for path in metrics_paths {
         controller.configure_metrics(path)?;
     }
+    // Before the VMM thread's seccomp filter: entering raw mode asks isatty() first.
+    let raw = terminal::RawMode::enter();
     if args.config_file.is_some() {
         controller.start().map_err(|e| match e {
             ActionError::Start(msg) => StartError::Start(msg),
@@ -228,7 +240,6 @@ fn run() -> Result<i32, StartError> {
         })?;
     }
 
-    let raw = terminal::RawMode::enter();
     let reason = controller.run();
     drop(raw);
     match &reason {

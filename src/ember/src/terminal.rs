@@ -17,6 +17,7 @@ fn restore() {
 
 impl RawMode {
     pub fn enter() -> Self {
+        // Called before the VMM thread's seccomp filter: isatty() is TIOCGWINSZ in musl.
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
             return RawMode { active: false };

@@ -50,6 +50,16 @@ fn malformed_http_is_refused_and_the_connection_closed() {
             "Content-Length",
         ),
         (
+            b"PUT /actions HTTP/1.1\r\nContent-Length: +2\r\n\r\n{}",
+            400,
+            "Content-Length",
+        ),
+        (
+            b"PUT /actions HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 36\r\n\r\n{}",
+            400,
+            "more than one Content-Length",
+        ),
+        (
             b"PUT /actions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
             501,
             "Transfer-Encoding",
@@ -180,9 +190,9 @@ fn hostile_bodies_get_a_fault_message() {
         "/drives/f",
         &json!({"drive_id": "f", "path_on_host": fifo, "is_root_device": false}),
     )
-    .expect(400, "not a regular file or a block device");
+    .expect(400, "it is a FIFO, not a regular file or a block device");
     c.put("/boot-source", &json!({"kernel_image_path": "/dev/null"}))
-        .expect(400, "not a regular file or a block device");
+        .expect(400, "it is a character device, not a regular file");
     // All on one connection, which is still good.
     assert_eq!(c.get("/").status, 200);
 }

@@ -134,10 +134,14 @@ fn lookup(value: &str, db: &str) -> Option<u32> {
     })
 }
 
+/// An executable larger than this is not a VMM (a debug build of ember is about 35 MB).
+const MAX_EXEC_FILE: u64 = 512 << 20;
+
 /// The ELF's PT_INTERP, if any; an error if it is not an x86_64 ELF executable.
 fn elf_interpreter(path: &Path) -> Result<Option<String>, Error> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| Error::ReadExec(shown.clone(), e.to_string()))?;
+    let bytes = hostfile::read(path, MAX_EXEC_FILE)
+        .map_err(|e| Error::ReadExec(shown.clone(), e.to_string()))?;
     let bad = |reason: &str| Error::NotElf {
         path: shown.clone(),
         reason: reason.into(),

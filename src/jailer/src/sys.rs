@@ -91,8 +91,14 @@ pub fn chroot(path: &Path) -> Result<()> {
     std::os::unix::fs::chroot(path)
 }
 
+/// The resource argument of setrlimit, whose C type differs between glibc and musl.
+#[cfg(target_env = "gnu")]
+pub type RlimitResource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+pub type RlimitResource = libc::c_int;
+
 /// Sets both the soft and the hard limit of `resource`.
-pub fn setrlimit(resource: libc::__rlimit_resource_t, value: u64) -> Result<()> {
+pub fn setrlimit(resource: RlimitResource, value: u64) -> Result<()> {
     let limit = libc::rlimit {
         rlim_cur: value,
         rlim_max: value,

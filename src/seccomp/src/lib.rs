@@ -5,6 +5,7 @@
 //! `--no-seccomp` turns them off. Each thread installs its own filter before it runs code that
 //! the guest can reach.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use seccompiler::{sock_filter, BpfProgram};
@@ -38,7 +39,7 @@ pub enum Error {
     #[error("cannot read the seccomp filter file {path}: {source}")]
     Read {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("the seccomp filter file {path} is not a valid filter: {reason}")]
     Invalid { path: String, reason: String },
@@ -59,6 +60,9 @@ pub enum Error {
 pub struct Filters {
     programs: Option<Arc<[BpfProgram; 3]>>,
 }
+
+/// A filter file larger than this is not one (Ember's own is a few KiB).
+const MAX_FILTER_FILE: u64 = 4 << 20;
 
 /// Ember's own filters, compiled by build.rs.
 const BUILTIN: [&[u8]; 3] = [
@@ -116,10 +120,11 @@ impl Filters {
 
     /// Reads [`Filters::from_json`]'s format from a file.
     pub fn from_json_file(path: &str) -> Result<Self, Error> {
-        let text = std::fs::read(path).map_err(|source| Error::Read {
-            path: path.into(),
-            source,
-        })?;
+        let text =
+            hostfile::read(Path::new(path), MAX_FILTER_FILE).map_err(|source| Error::Read {
+                path: path.into(),
+                source,
+            })?;
         Self::from_json(&text, path)
     }
 
@@ -136,8 +141,46 @@ impl Filters {
         seccompiler::apply_filter(&programs[index]).map_err(|e| Error::Install {
             thread,
             reason: e.to_string(),
-        })
+        })?;
+        test_hook::exercise_allocator();
+        Ok(())
     }
+}
+
+/// Debug builds only: with `EMBER_TEST_ALLOC_STRESS=1` in its environment, each thread, right
+/// after installing its filter, allocates and frees as a busy VMM would at its worst (many
+/// blocks of every size, a heap grown and given back, a buffer grown by reallocation, one
+/// block far above the mmap threshold), so that a test can see that the allocator's system
+/// calls are in every filter. glibc's malloc failed this: trimming a thread's heap opens
+/// /proc/sys/vm/overcommit_memory. Release builds have no such hook.
+mod test_hook {
+    #[cfg(debug_assertions)]
+    pub fn exercise_allocator() {
+        if std::env::var_os("EMBER_TEST_ALLOC_STRESS").is_none_or(|v| v != "1") {
+            return;
+        }
+        let touch = |size: usize| {
+            let v = vec![1u8; size];
+            std::hint::black_box(&v);
+            v
+        };
+        for _ in 0..4 {
+            let blocks: Vec<Vec<u8>> = (0..2000).map(|i| touch(64 + (i % 64) * 512)).collect();
+            let large: Vec<Vec<u8>> = (10..25).map(|shift| touch(1 << shift)).collect();
+            drop(blocks);
+            drop(large);
+            let mut grown = Vec::new();
+            for i in 0..(8usize << 20) {
+                grown.push(i as u8);
+            }
+            std::hint::black_box(&grown);
+            drop(grown);
+            drop(touch(96 << 20));
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    pub fn exercise_allocator() {}
 }
 
 #[cfg(test)]

@@ -129,6 +129,14 @@ counters!(
 );
 
 counters!(
+    /// The serial console (Firecracker's `uart` section, the bytes it counts).
+    UartMetrics {
+        missed_write_count,
+        write_count,
+    }
+);
+
+counters!(
     /// All vCPUs together: KVM exits by kind, and exits that ended the vCPU.
     VcpuMetrics {
         exit_io_in,
@@ -259,6 +267,7 @@ pub struct Metrics {
     pub entropy: Arc<EntropyMetrics>,
     pub balloon: Arc<BalloonMetrics>,
     pub vsock: Arc<VsockMetrics>,
+    pub uart: Arc<UartMetrics>,
     pub latencies: crate::latency::LatencyMetrics,
     blocks: Mutex<Vec<(String, Arc<BlockMetrics>)>>,
     nets: Mutex<Vec<(String, Arc<NetMetrics>)>>,
@@ -349,6 +358,7 @@ impl Metrics {
         out.insert("entropy".into(), object(&self.entropy.take()));
         out.insert("balloon".into(), object(&self.balloon.take()));
         out.insert("vsock".into(), object(&self.vsock.take()));
+        out.insert("uart".into(), object(&self.uart.take()));
         out.insert("vcpu".into(), object(&self.vcpu.take()));
         let latencies = self.latencies.report().into_iter();
         let latencies = latencies.map(|(k, v)| (k, Value::from(v))).collect();

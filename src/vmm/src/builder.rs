@@ -3,13 +3,14 @@
 //! result is a [`MicroVm`] whose vCPUs have not run yet.
 
 use std::fs::File;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use arch::boot_params::{self, InitrdPlacement};
 use arch::cpuid::Topology;
 use arch::layout::{self, CMDLINE_ADDR, CMDLINE_MAX_SIZE, FIRST_VIRTIO_IRQ, I8042_IRQ, SERIAL_IRQ};
 use arch::{BootProtocol, KernelEntry};
-use devices::legacy::{i8042, BootTimer, Serial, SerialSnapshot, I8042};
+use devices::legacy::{i8042, BootTimer, Serial, SerialOutput, SerialSnapshot, I8042};
 use devices::virtio::balloon::{Balloon, BalloonConfig};
 use devices::virtio::block::{Block, BlockConfig, CacheType};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
@@ -49,12 +50,12 @@ pub enum BuildError {
     #[error("cannot open the kernel image {path}: {source}")]
     OpenKernel {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("cannot open the initrd {path}: {source}")]
     OpenInitrd {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("{0}")]
     Load(#[from] arch::loader::Error),
@@ -217,10 +218,11 @@ fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Pa
     let low_ram_end = mem_bytes.min(layout::MMIO_GAP_START);
     let initrd = match &boot.initrd_path {
         Some(path) => {
-            let mut file = File::open(path).map_err(|source| BuildError::OpenInitrd {
-                path: path.clone(),
-                source,
-            })?;
+            let mut file = hostfile::open(Path::new(path), hostfile::Kind::Regular, false)
+                .map_err(|source| BuildError::OpenInitrd {
+                    path: path.clone(),
+                    source,
+                })?;
             Some(arch::loader::load_initrd(
                 mem,
                 &mut file,
@@ -359,6 +361,7 @@ fn attach_devices(ctx: &Context, serial: Option<&SerialSnapshot>) -> Result<Atta
         &mut devices,
         (ctx.host.console, serial),
         ctx.host.exit,
+        ctx.host.metrics,
     )?;
     // Like Firecracker, the boot timer takes the first MMIO window and the drives follow it.
     let mut window = 0;
@@ -491,10 +494,13 @@ fn attach_devices(ctx: &Context, serial: Option<&SerialSnapshot>) -> Result<Atta
 }
 
 fn load_kernel(mem: &GuestMemory, path: &str) -> Result<KernelEntry, BuildError> {
-    let mut file = File::open(path).map_err(|source| BuildError::OpenKernel {
-        path: path.to_string(),
-        source,
-    })?;
+    let mut file =
+        hostfile::open(Path::new(path), hostfile::Kind::Regular, false).map_err(|source| {
+            BuildError::OpenKernel {
+                path: path.to_string(),
+                source,
+            }
+        })?;
     Ok(arch::loader::load_kernel(mem, &mut file)?)
 }
 
@@ -507,10 +513,12 @@ fn attach_legacy(
     devices: &mut Devices,
     (console, saved): (&Console, Option<&SerialSnapshot>),
     exit: &Arc<ExitSignal>,
+    metrics: &telemetry::Metrics,
 ) -> Result<Arc<Mutex<I8042>>, BuildError> {
     let serial_irq = eventfd()?;
     vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
     let output = console.output.try_clone().map_err(BuildError::Console)?;
+    let output = SerialOutput::new(output, metrics.uart.clone());
     let input = match &console.input {
         Some(f) => Some(f.try_clone().map_err(BuildError::Console)?),
         None => None,

@@ -4,8 +4,10 @@
 pub mod boot_timer;
 pub mod i8042;
 pub mod serial;
+pub mod serial_output;
 
 pub use boot_timer::BootTimer;
 pub use i8042::I8042;
 pub use serial::Serial;
 pub use serial::SerialSnapshot;
+pub use serial_output::SerialOutput;

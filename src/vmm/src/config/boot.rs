@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use hostfile::Kind;
+
 use super::{check_readable, ConfigError};
 
 /// Firecracker's default command line, used when `boot_args` is absent.
@@ -20,9 +22,9 @@ pub struct BootSourceConfig {
 
 impl BootSourceConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check_readable("the kernel image", &self.kernel_image_path)?;
+        check_readable("the kernel image", &self.kernel_image_path, Kind::Regular)?;
         if let Some(initrd) = &self.initrd_path {
-            check_readable("the initrd", initrd)?;
+            check_readable("the initrd", initrd, Kind::Regular)?;
         }
         if self.boot_args.as_deref().is_some_and(|a| a.contains('\0')) {
             return Err(ConfigError::BootArgsNul);

@@ -5,6 +5,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{check_readable, ConfigError, RateLimiterConfig};
 
+/// A drive's backing file: an image file or a host block device.
+const DISK: hostfile::Kind = hostfile::Kind::RegularOrBlockDevice;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 pub enum CacheType {
     #[default]
@@ -64,7 +67,7 @@ impl DriveConfig {
                 "vhost-user block devices (socket)",
             ));
         }
-        check_readable("the disk image", &self.path_on_host)
+        check_readable("the disk image", &self.path_on_host, DISK)
     }
 }
 
@@ -86,7 +89,7 @@ impl PartialDrive {
             limiter.validate()?;
         }
         match &self.path_on_host {
-            Some(path) => check_readable("the disk image", path),
+            Some(path) => check_readable("the disk image", path, DISK),
             None => Ok(()),
         }
     }

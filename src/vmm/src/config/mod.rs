@@ -127,7 +127,7 @@ pub enum ConfigError {
     Unreadable {
         what: &'static str,
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("vcpu_count must be between 1 and {MAX_VCPUS}, not {0}")]
     VcpuCount(u8),
@@ -229,28 +229,15 @@ pub fn parse_json_in<'a, T: Deserialize<'a>>(
     Ok(value)
 }
 
-/// Checks that a file named in the configuration can be opened for reading.
-pub(crate) fn check_readable(what: &'static str, path: &str) -> Result<(), ConfigError> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    // O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and hold up the VMM
-    // thread (and every API request behind it) for as long as none comes.
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .and_then(|f| {
-            let kind = f.metadata()?.file_type();
-            if kind.is_file() || kind.is_block_device() {
-                Ok(())
-            } else {
-                let what = if kind.is_dir() {
-                    "it is a directory"
-                } else {
-                    "it is not a regular file or a block device"
-                };
-                Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, what))
-            }
-        })
+/// Checks that a file named in the configuration can be opened for reading, and is a
+/// regular file (or, for a disk, a block device); never waits on a FIFO.
+pub(crate) fn check_readable(
+    what: &'static str,
+    path: &str,
+    kind: hostfile::Kind,
+) -> Result<(), ConfigError> {
+    hostfile::open(std::path::Path::new(path), kind, false)
+        .map(drop)
         .map_err(|source| ConfigError::Unreadable {
             what,
             path: path.to_string(),

@@ -25,12 +25,12 @@ pub enum SnapshotFileError {
     #[error("cannot read the snapshot file {path}: {source}")]
     Read {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("cannot write the snapshot file {path}: {source}")]
     Write {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("{path} is not an Ember snapshot file")]
     NotASnapshot { path: String },
@@ -130,15 +130,16 @@ pub fn save<T: Serialize>(path: &Path, state: &T) -> Result<(), SnapshotFileErro
         path: path.display().to_string(),
         source,
     };
-    let mut f = std::fs::File::create(path).map_err(err)?;
-    f.write_all(&encode(state)).map_err(err)?;
-    f.sync_all().map_err(err)
+    let mut f = hostfile::create(path).map_err(err)?;
+    f.write_all(&encode(state)).map_err(|e| err(e.into()))?;
+    f.sync_all().map_err(|e| err(e.into()))
 }
 
 /// Reads and checks the state in `path`.
 pub fn load<T: DeserializeOwned>(path: &Path) -> Result<T, SnapshotFileError> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| SnapshotFileError::Read {
+    let limit = (HEADER_LEN + CRC_LEN) as u64 + MAX_PAYLOAD;
+    let bytes = hostfile::read(path, limit).map_err(|source| SnapshotFileError::Read {
         path: name.clone(),
         source,
     })?;

@@ -83,7 +83,7 @@ pub enum LoadError {
     #[error("cannot open the memory file {path}: {source}")]
     OpenMemory {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error(
         "the memory file {path} is {found} bytes; the snapshot's guest memory is {expected} bytes"
@@ -199,8 +199,8 @@ fn memory_file(path: &str, regions: &[(u64, u64)]) -> Result<File, LoadError> {
         path: path.to_string(),
         source,
     };
-    let file = File::open(path).map_err(open_err)?;
-    let found = file.metadata().map_err(open_err)?.len();
+    let file = hostfile::open(Path::new(path), hostfile::Kind::Regular, false).map_err(open_err)?;
+    let found = file.metadata().map_err(|e| open_err(e.into()))?.len();
     let expected: u64 = regions.iter().map(|r| r.1).sum();
     if found != expected {
         return Err(LoadError::MemorySize {

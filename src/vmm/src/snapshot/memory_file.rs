@@ -4,9 +4,9 @@
 //! guest wrote, from KVM's dirty log, and those the VMM wrote, from guest memory's own
 //! bitmap. `rebase-snap` copies a diff's pages onto its base.
 
-use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 use vm_memory::bitmap::{AtomicBitmap, Bitmap};
 use vm_memory::MmapRegion;
@@ -34,7 +34,7 @@ pub fn write_memory(
     path: &str,
 ) -> Result<Vec<(u64, u64)>, SnapshotError> {
     let fail = memory_error(path);
-    let mut out = File::create(path).map_err(|e| fail(e.to_string()))?;
+    let mut out = hostfile::create(Path::new(path)).map_err(|e| fail(e.to_string()))?;
     let mut buf = vec![0u8; 1 << 20];
     let mut regions = Vec::new();
     for region in mem.iter() {
@@ -90,7 +90,7 @@ pub fn write_diff_memory(
     path: &str,
 ) -> Result<Vec<(u64, u64)>, SnapshotError> {
     let fail = memory_error(path);
-    let out = File::create(path).map_err(|e| fail(e.to_string()))?;
+    let out = hostfile::create(Path::new(path)).map_err(|e| fail(e.to_string()))?;
     let total: u64 = mem.iter().map(|r| r.len()).sum();
     out.set_len(total).map_err(|e| fail(e.to_string()))?;
     let mut regions = Vec::new();

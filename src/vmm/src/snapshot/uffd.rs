@@ -8,6 +8,8 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -16,16 +18,19 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use crate::memory::{GuestMemory, PAGE_SIZE};
 
 // The userfaultfd ABI (linux/userfaultfd.h), which the libc crate does not carry.
+/// The handler gets the mappings and the userfaultfd in one small message; a handler that
+/// does not take it within this is not one.
+const HANDLER_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 const UFFD_API: u64 = 0xaa;
 const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
 pub(super) const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 pub(super) const UFFD_EVENT_REMOVE: u8 = 0x15;
 /// `_IOWR(0xAA, nr, size)`.
-const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
-const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
-pub(super) const UFFDIO_COPY: libc::c_ulong = 0xc028_aa03;
-pub(super) const UFFDIO_ZEROPAGE: libc::c_ulong = 0xc020_aa04;
+const UFFDIO_API: libc::Ioctl = 0xc018_aa3f_u32 as libc::Ioctl;
+const UFFDIO_REGISTER: libc::Ioctl = 0xc020_aa00_u32 as libc::Ioctl;
+pub(super) const UFFDIO_COPY: libc::Ioctl = 0xc028_aa03_u32 as libc::Ioctl;
+pub(super) const UFFDIO_ZEROPAGE: libc::Ioctl = 0xc020_aa04_u32 as libc::Ioctl;
 
 #[repr(C)]
 #[derive(Debug, Default)]
@@ -88,7 +93,7 @@ pub enum UffdError {
     #[error("cannot reach the page-fault handler at {path}: {source}")]
     Connect {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("cannot hand the userfaultfd to the page-fault handler at {path}: {reason}")]
     Send { path: String, reason: String },
@@ -106,7 +111,7 @@ pub struct RegionMapping {
 }
 
 /// Wraps an ioctl on a userfaultfd with a `repr(C)` argument.
-pub(super) fn uffd_ioctl<T>(fd: RawFd, request: libc::c_ulong, arg: &mut T) -> std::io::Result<()> {
+pub(super) fn uffd_ioctl<T>(fd: RawFd, request: libc::Ioctl, arg: &mut T) -> std::io::Result<()> {
     // SAFETY: `fd` is a userfaultfd and `request` one of the userfaultfd ioctls whose argument
     // is exactly `T` (the repr(C) copies of the kernel's structs above); the kernel reads and
     // writes only that struct, which `arg` borrows mutably for the call.
@@ -167,9 +172,11 @@ pub fn hand_over(mem: &GuestMemory, path: &str) -> Result<Backend, UffdError> {
         path: path.to_string(),
         reason,
     };
-    let socket = UnixStream::connect(path).map_err(|source| UffdError::Connect {
-        path: path.to_string(),
-        source,
+    let socket = hostfile::connect(Path::new(path), HANDLER_SEND_TIMEOUT).map_err(|source| {
+        UffdError::Connect {
+            path: path.to_string(),
+            source,
+        }
     })?;
     let body = serde_json::to_vec(&mappings).map_err(|e| send_err(e.to_string()))?;
     socket

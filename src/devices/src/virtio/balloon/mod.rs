@@ -166,7 +166,7 @@ impl Balloon {
 
     /// Serves the inflate or deflate queue: each page number in an inflate chain is given
     /// back to the host; true if any chain.
-    fn process_pfns(&mut self, queue: usize) -> bool {
+    pub fn process_pfns(&mut self, queue: usize) -> bool {
         let Some(mut active) = self.active.take() else {
             return false;
         };
@@ -224,7 +224,7 @@ impl Balloon {
     }
 
     /// The driver (re)posted its statistics buffer: read it, keep it until the next tick.
-    fn process_stats(&mut self) {
+    pub fn process_stats(&mut self) {
         let Some(mut active) = self.active.take() else {
             return;
         };

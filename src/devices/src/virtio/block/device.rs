@@ -1,7 +1,7 @@
 //! The virtio-blk device: its features and configuration space, and the request loop that
 //! runs on the VMM thread when the guest notifies the queue.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -57,7 +57,7 @@ pub enum Error {
     #[error("cannot open the disk image {path}: {source}")]
     Open {
         path: PathBuf,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("cannot find the size of the disk image {path}: {source}")]
     Size {
@@ -102,14 +102,12 @@ fn config_space(capacity: u64) -> Vec<u8> {
 
 /// Opens a disk image; returns it with the bytes the guest may address (whole sectors).
 fn open_disk(path: &Path, read_only: bool) -> Result<(File, u64), Error> {
-    let mut disk = OpenOptions::new()
-        .read(true)
-        .write(!read_only)
-        .open(path)
-        .map_err(|source| Error::Open {
+    let mut disk = hostfile::open(path, hostfile::Kind::RegularOrBlockDevice, !read_only).map_err(
+        |source| Error::Open {
             path: path.to_path_buf(),
             source,
-        })?;
+        },
+    )?;
     let len = disk_len(&mut disk, path)?;
     Ok((disk, len))
 }

@@ -1,0 +1,122 @@
+//! Where the guest's console bytes go: ember's stdout. The guest decides how much it writes,
+//! so a stdout that fails (closed, or a broken pipe) must not turn each byte into a log line:
+//! bytes that cannot be written are dropped and counted (`uart.missed_write_count`), and the
+//! failure is logged once, then at most once a minute with the count since.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use telemetry::metrics::UartMetrics;
+
+/// The least time between two log lines about failed console writes.
+const LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+pub struct SerialOutput<W> {
+    out: W,
+    metrics: Arc<UartMetrics>,
+    /// When the last failure was logged, and the bytes dropped since then.
+    logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl<W> std::fmt::Debug for SerialOutput<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SerialOutput")
+            .field("unlogged", &self.unlogged)
+            .finish()
+    }
+}
+
+impl<W: Write> SerialOutput<W> {
+    pub fn new(out: W, metrics: Arc<UartMetrics>) -> Self {
+        SerialOutput {
+            out,
+            metrics,
+            logged: None,
+            unlogged: 0,
+        }
+    }
+
+    fn dropped(&mut self, bytes: usize, e: &io::Error) {
+        self.metrics.missed_write_count.add(bytes as u64);
+        self.unlogged += bytes as u64;
+        match self.logged {
+            None => log::warn!(
+                "cannot write the guest's console output: {e}; what cannot be written is \
+                 dropped, counted in the metrics (uart.missed_write_count) and logged at most \
+                 once a minute"
+            ),
+            Some(at) if at.elapsed() >= LOG_INTERVAL => log::warn!(
+                "dropped {} bytes of the guest's console output in the last {} s: {e}",
+                self.unlogged,
+                at.elapsed().as_secs()
+            ),
+            Some(_) => return,
+        }
+        self.logged = Some(Instant::now());
+        self.unlogged = 0;
+    }
+}
+
+impl<W: Write> Write for SerialOutput<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self.out.write(buf) {
+            Ok(n) => {
+                self.metrics.write_count.add(n as u64);
+                Ok(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Err(e),
+            Err(e) => {
+                self.dropped(buf.len(), &e);
+                Ok(buf.len())
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if let Err(e) = self.out.flush() {
+            self.dropped(0, &e);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stdout whose reader is gone.
+    struct Closed;
+
+    impl Write for Closed {
+        fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+            Err(io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn failed_output_is_counted_and_logged_once_not_per_byte() {
+        let metrics = Arc::new(UartMetrics::default());
+        let mut out = SerialOutput::new(Closed, metrics.clone());
+        for _ in 0..1000 {
+            assert_eq!(out.write(b".").unwrap(), 1);
+        }
+        assert_eq!(metrics.missed_write_count.total(), 1000);
+        // One line was logged: the first failure; the rest wait for the next minute.
+        assert!(out.logged.is_some());
+        assert_eq!(out.unlogged, 999);
+    }
+
+    #[test]
+    fn written_bytes_are_counted() {
+        let metrics = Arc::new(UartMetrics::default());
+        let mut out = SerialOutput::new(Vec::new(), metrics.clone());
+        out.write_all(b"hello").unwrap();
+        assert_eq!(metrics.write_count.total(), 5);
+        assert_eq!(out.out, b"hello");
+    }
+}

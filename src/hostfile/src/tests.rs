@@ -1,0 +1,103 @@
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hostfile-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn fifo(dir: &Path) -> PathBuf {
+    let path = dir.join("fifo");
+    assert!(Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success());
+    path
+}
+
+#[test]
+fn a_fifo_is_refused_at_once_for_every_use() {
+    let dir = scratch("fifo");
+    let path = fifo(&dir);
+    let started = Instant::now();
+    let e = read(&path, 1 << 20).unwrap_err();
+    assert_eq!(e.to_string(), "it is a FIFO, not a regular file");
+    let e = open(&path, Kind::RegularOrBlockDevice, true).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "it is a FIFO, not a regular file or a block device"
+    );
+    let e = create(&path).unwrap_err();
+    assert_eq!(e.to_string(), "it is a FIFO, not a regular file");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn devices_and_directories_are_refused_and_never_read() {
+    let e = read(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "it is a character device, not a regular file"
+    );
+    let e = open(Path::new("/dev/null"), Kind::RegularOrBlockDevice, false).unwrap_err();
+    assert!(e.to_string().contains("a character device"));
+    let e = read(Path::new("/tmp"), 1 << 20).unwrap_err();
+    assert!(e.to_string().contains("is a directory"));
+    // create() leaves a device alone: it is never truncated or written.
+    let e = create(Path::new("/dev/null")).unwrap_err();
+    assert!(e.to_string().contains("a character device"), "{e}");
+}
+
+#[test]
+fn reads_stop_at_the_limit_and_say_so() {
+    let dir = scratch("limit");
+    let path = dir.join("f");
+    std::fs::write(&path, vec![b'x'; 4097]).unwrap();
+    let e = read(&path, 4096).unwrap_err();
+    assert_eq!(e.to_string(), "it is over the limit of 4096 bytes");
+    assert_eq!(read(&path, 4097).unwrap().len(), 4097);
+    std::fs::write(&path, [0xff, 0xfe]).unwrap();
+    assert!(matches!(read_to_string(&path, 10), Err(Error::NotText)));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn create_truncates_a_regular_file() {
+    let dir = scratch("create");
+    let path = dir.join("out");
+    std::fs::write(&path, b"old contents").unwrap();
+    let mut f = create(&path).unwrap();
+    std::io::Write::write_all(&mut f, b"new").unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"new");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn connect_refuses_a_listener_that_never_accepts_instead_of_waiting() {
+    let dir = scratch("connect");
+    let path = dir.join("sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    // Fill the backlog (its length is the kernel's somaxconn at most): connections succeed
+    // until it is full, then connect() says so at once.
+    let started = Instant::now();
+    let mut held = Vec::new();
+    let e = loop {
+        match connect(&path, Duration::from_secs(1)) {
+            Ok(s) => held.push(s),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 100_000, "the backlog never filled");
+    };
+    assert!(matches!(e, Error::Busy), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let e = connect(&dir, Duration::from_secs(1)).unwrap_err();
+    assert_eq!(e.to_string(), "it is a directory, not a socket");
+    std::fs::remove_dir_all(dir).unwrap();
+}
