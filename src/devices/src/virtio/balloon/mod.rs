@@ -31,6 +31,8 @@ pub const QUEUE_SIZE: u16 = 256;
 /// The balloon's unit: 4 KiB pages, whatever the guest's page size.
 const PFN_SHIFT: u64 = 12;
 const PAGES_PER_MIB: u32 = 256;
+/// Page numbers one inflate or deflate buffer may hold (Linux's driver sends up to 256).
+const MAX_PFNS_PER_DESC: u32 = 4096;
 const F_STATS_VQ: u64 = 1;
 const F_DEFLATE_ON_OOM: u64 = 2;
 const INFLATE: usize = 0;
@@ -175,6 +177,12 @@ impl Balloon {
             let head = chain.head_index();
             for desc in chain {
                 if desc.is_write_only() {
+                    continue;
+                }
+                // Linux sends at most 256 page numbers per buffer; a guest's 4 GiB buffer
+                // would keep the VMM thread reading (and discarding) for minutes.
+                if desc.len() / 4 > MAX_PFNS_PER_DESC {
+                    self.metrics.invalid_reqs_count.inc();
                     continue;
                 }
                 // The page numbers, as little-endian u32s; a short tail is ignored.

@@ -104,6 +104,18 @@ fn inflated_pages_go_back_to_the_host_and_read_as_zeros() {
 }
 
 #[test]
+fn a_buffer_of_more_page_numbers_than_a_driver_sends_is_refused_unread() {
+    let mem = memory();
+    let (mut b, metrics) = balloon(0);
+    let mqs = activate(&mut b, &mem);
+    // Page numbers of one page, 0, all over memory: read one by one, each would be a discard.
+    post(&mqs[INFLATE], 0, desc(0, u32::MAX, 0));
+    assert!(b.process_pfns(INFLATE), "the chain is given back");
+    assert_eq!(metrics.inflate_count.total(), 0);
+    assert_eq!(metrics.invalid_reqs_count.total(), 1);
+}
+
+#[test]
 fn target_and_actual_in_the_configuration_space() {
     let (mut b, _) = balloon(0);
     let mut space = [0u8; 8];

@@ -1,0 +1,20 @@
+//! virtio-balloon: the inflate, deflate and statistics queues of a hostile driver.
+#![no_main]
+use std::sync::Arc;
+
+use devices::virtio::balloon::{Balloon, BalloonConfig};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let mut dev = Balloon::new(&BalloonConfig {
+        amount_mib: 1,
+        deflate_on_oom: true,
+        stats_polling_interval_s: 1,
+        metrics: Arc::new(Default::default()),
+    })
+    .unwrap();
+    let _mem = ember_fuzz::activate(&mut dev, data);
+    dev.process_pfns(0);
+    dev.process_pfns(1);
+    dev.process_stats();
+});
