@@ -7,7 +7,8 @@ import statistics
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EMBER = os.path.join(ROOT, "target/x86_64-unknown-linux-musl/release/ember")
+# EMBER_BIN times another build (another libc, an older commit) with the same scripts.
+EMBER = os.environ.get("EMBER_BIN") or os.path.join(ROOT, "target/x86_64-unknown-linux-musl/release/ember")
 # The guest kernel command line of the Linux guest in both benchmarks.
 LINUX_ARGS = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
 

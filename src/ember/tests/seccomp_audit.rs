@@ -56,7 +56,9 @@ fn after_filter(trace: &str) -> Option<(String, BTreeSet<String>, BTreeSet<u64>)
         if name == "ioctl" {
             let request = rest.split(", ").nth(1).unwrap_or("");
             let value = u64::from_str_radix(request.trim_start_matches("0x"), 16).unwrap_or(0);
-            ioctls.insert(value);
+            // musl passes the request as an int, sign-extended into the register; the kernel
+            // takes its low 32 bits, as the filter's dword comparison does.
+            ioctls.insert(value & 0xffff_ffff);
         }
         names.insert(name.to_string());
     }

@@ -28,8 +28,6 @@ pub enum Error {
     NotText,
     #[error("its listener is not accepting connections (its backlog is full)")]
     Busy,
-    #[error("the path is too long for a socket address ({0} bytes, at most 107)")]
-    PathTooLong(usize),
 }
 
 /// What a path may name.
@@ -151,13 +149,18 @@ pub fn connect(path: &Path, send_timeout: Duration) -> Result<UnixStream, Error>
             expected: "a socket",
         });
     }
-    let stream = socket::connect_nonblocking(path)?;
+    let stream = connect_nonblocking(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => Error::Busy,
+        _ => e.into(),
+    })?;
     stream.set_nonblocking(false)?;
     stream.set_write_timeout(Some(send_timeout))?;
     Ok(stream)
 }
 
 mod socket;
+
+pub use socket::connect_nonblocking;
 
 #[cfg(test)]
 mod tests;

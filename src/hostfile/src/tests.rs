@@ -101,3 +101,22 @@ fn connect_refuses_a_listener_that_never_accepts_instead_of_waiting() {
     assert_eq!(e.to_string(), "it is a directory, not a socket");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_nonblocking_connect_reaches_a_listener_and_fails_cleanly_without_one() {
+    let dir = std::env::temp_dir().join(format!("ember-hostfile-connect-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("l");
+    let _ = std::fs::remove_file(&path);
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let mut s = connect_nonblocking(&path).unwrap();
+    let (mut peer, _) = listener.accept().unwrap();
+    use std::io::{Read, Write};
+    s.write_all(b"hi").unwrap();
+    let mut b = [0u8; 2];
+    peer.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"hi");
+    let missing = connect_nonblocking(&dir.join("missing")).unwrap_err();
+    assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

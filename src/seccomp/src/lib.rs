@@ -165,6 +165,10 @@ mod test_hook {
             v
         };
         for _ in 0..4 {
+            // First, before a freed mmap raises the trim threshold: a thread heap grown by
+            // blocks under the mmap threshold and given back at once (trimmed) when freed.
+            let grown: Vec<Vec<u8>> = (0..200).map(|_| touch(64 << 10)).collect();
+            drop(grown);
             let blocks: Vec<Vec<u8>> = (0..2000).map(|i| touch(64 + (i % 64) * 512)).collect();
             let large: Vec<Vec<u8>> = (10..25).map(|shift| touch(1 << shift)).collect();
             drop(blocks);

@@ -7,7 +7,7 @@ use virtio_queue::QueueT;
 use super::chain::read_packet;
 use super::conn::{owe, Conn, State};
 use super::packet::*;
-use super::{host, Vsock, MAX_CONNS, MAX_ORPHAN_RSTS, TX};
+use super::{Vsock, MAX_CONNS, MAX_ORPHAN_RSTS, TX};
 use crate::virtio::InterruptKind;
 
 impl Vsock {
@@ -129,7 +129,7 @@ impl Vsock {
         }
         let mut path = OsString::from(self.uds_path.as_os_str());
         path.push(format!("_{}", h.dst_port));
-        match host::connect_nonblocking(std::path::Path::new(&path)) {
+        match hostfile::connect_nonblocking(std::path::Path::new(&path)) {
             Ok(stream) => {
                 let id = self.add_conn(Conn::guest_initiated(stream, h));
                 self.schedule(id);
