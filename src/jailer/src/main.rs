@@ -32,7 +32,7 @@ enum Error {
     #[error("cannot open the network namespace {path}: {source}")]
     OpenNetns {
         path: String,
-        source: std::io::Error,
+        source: hostfile::Error,
     },
     #[error("cannot join the network namespace {path}: {source}")]
     JoinNetns {
@@ -124,9 +124,12 @@ fn run(args: &Args, start_us: u64) -> Result<(), Error> {
     // Everything that can be opened or checked is, before anything is made.
     let netns = match &args.netns {
         Some(path) => Some(
-            std::fs::File::open(path).map_err(|source| Error::OpenNetns {
-                path: path.display().to_string(),
-                source,
+            // A namespace file is a regular file (nsfs); a FIFO here would block the open.
+            hostfile::open(path, hostfile::Kind::Regular, false).map_err(|source| {
+                Error::OpenNetns {
+                    path: path.display().to_string(),
+                    source,
+                }
             })?,
         ),
         None => None,

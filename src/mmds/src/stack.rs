@@ -182,8 +182,18 @@ impl MmdsStack {
                 }
             }
             Destination::Tcp => {
-                self.guest_mac = frame::source(frame).filter(|m| m[0] & 1 == 0);
                 let ip = &frame[ETH_HEADER..];
+                // No answer can go to 0.0.0.0, a broadcast or a multicast address (and
+                // smoltcp asserts on the first): such segments are dropped here.
+                let source = ip
+                    .get(12..16)
+                    .map(|a| Ipv4Addr::new(a[0], a[1], a[2], a[3]));
+                if !source
+                    .is_some_and(|a| !a.is_unspecified() && !a.is_broadcast() && !a.is_multicast())
+                {
+                    return true;
+                }
+                self.guest_mac = frame::source(frame).filter(|m| m[0] & 1 == 0);
                 let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
                 if (20..=ip.len()).contains(&total) && self.link.from_guest.len() < QUEUE_LIMIT {
                     self.link.from_guest.push_back(ip[..total].to_vec());

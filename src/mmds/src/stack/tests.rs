@@ -149,6 +149,10 @@ fn a_huge_request_gets_400() {
 }
 
 fn syn(port: u16) -> Vec<u8> {
+    syn_from(GUEST_IP, port)
+}
+
+fn syn_from(src: Ipv4Addr, port: u16) -> Vec<u8> {
     let tcp = TcpRepr {
         src_port: port,
         dst_port: HTTP_PORT,
@@ -164,7 +168,7 @@ fn syn(port: u16) -> Vec<u8> {
         payload: &[],
     };
     let ip = Ipv4Repr {
-        src_addr: GUEST_IP,
+        src_addr: src,
         dst_addr: IP,
         next_header: IpProtocol::Tcp,
         payload_len: tcp.buffer_len(),
@@ -175,12 +179,7 @@ fn syn(port: u16) -> Vec<u8> {
     let mut packet = Ipv4Packet::new_unchecked(&mut buf);
     ip.emit(&mut packet, &caps);
     let mut seg = TcpPacket::new_unchecked(packet.payload_mut());
-    tcp.emit(
-        &mut seg,
-        &IpAddress::Ipv4(GUEST_IP),
-        &IpAddress::Ipv4(IP),
-        &caps,
-    );
+    tcp.emit(&mut seg, &IpAddress::Ipv4(src), &IpAddress::Ipv4(IP), &caps);
     frame::ethernet(MMDS_MAC, GUEST_MAC, ETHERTYPE_IPV4, &buf)
 }
 
@@ -252,4 +251,21 @@ fn one_connection_after_another() {
         wire.sockets.get_mut::<tcp::Socket>(h).close();
         wire.run(&mut stack);
     }
+}
+
+#[test]
+fn segments_from_addresses_no_one_can_answer_are_dropped() {
+    // Found by fuzzing: smoltcp asserts that a reply's destination is not 0.0.0.0, so a SYN
+    // from there aborted ember.
+    let mut stack = stack();
+    for src in [
+        Ipv4Addr::UNSPECIFIED,
+        Ipv4Addr::BROADCAST,
+        Ipv4Addr::new(224, 0, 0, 1),
+    ] {
+        assert!(stack.receive(&syn_from(src, 4000)), "taken, for the MMDS");
+        assert_eq!(drain(&mut stack), (0, 0), "{src}: no answer");
+    }
+    assert!(stack.receive(&syn(4001)));
+    assert_eq!(drain(&mut stack), (1, 0), "the guest is still answered");
 }
