@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -17,8 +18,9 @@ use common::snapshot::{create, pause, wait_tick};
 use common::*;
 use serde_json::json;
 
-/// Far above any answer here (milliseconds): past it, the call hung.
-const HANG: Duration = Duration::from_secs(5);
+/// Far above any answer here (milliseconds on this host, a second or two on an emulated
+/// one): past it, the call hung.
+const HANG: Duration = Duration::from_secs(30);
 
 fn mkfifo(path: &Path) {
     let made = Command::new("mkfifo").arg(path).status().unwrap();
@@ -230,13 +232,16 @@ fn snapshot_paths_that_are_devices_fifos_or_silent_sockets_are_refused_at_once()
     // never accepts (its backlog full).
     let handler = s.path("handler.sock");
     let listener = std::os::unix::net::UnixListener::bind(&handler).unwrap();
+    // A short backlog, so that it fills long before the open-file limit.
+    // SAFETY: listen() on a socket this test owns; no pointers.
+    assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 4) }, 0);
     let mut backlog = Vec::new();
     let full = loop {
         match hostfile::connect(&handler, Duration::from_secs(1)) {
             Ok(c) => backlog.push(c),
             Err(e) => break e,
         }
-        assert!(backlog.len() < 100_000, "the backlog never filled");
+        assert!(backlog.len() < 100, "the backlog never filled");
     };
     assert!(matches!(full, hostfile::Error::Busy), "{full}");
     let b = common::snapshot::ember_named(&s, "b");
@@ -336,12 +341,16 @@ fn connection_churn_and_held_connections_never_lock_a_client_out() {
         })
         .collect();
     let mut answered = 0;
+    let mut slowest = Duration::ZERO;
     for _ in 0..50 {
+        let started = Instant::now();
         let mut c = timed("connect under churn", || ember.client());
         assert_eq!(timed("GET / under churn", || c.get("/")).status, 200);
+        slowest = slowest.max(started.elapsed());
         answered += 1;
         std::thread::sleep(Duration::from_millis(20));
     }
+    println!("50 of 50 GET / answered under churn, the slowest in {slowest:?}");
     stop.store(true, Ordering::Relaxed);
     let churned: u64 = churners.into_iter().map(|t| t.join().unwrap()).sum();
     assert_eq!(answered, 50);

@@ -164,22 +164,25 @@ mod test_hook {
             std::hint::black_box(&v);
             v
         };
-        for _ in 0..4 {
+        // Light enough for an emulated host (a debug build under TCG), heavy enough for every
+        // path of the allocator: small blocks, a heap grown and trimmed, reallocation, mmap.
+        for _ in 0..2 {
             // First, before a freed mmap raises the trim threshold: a thread heap grown by
             // blocks under the mmap threshold and given back at once (trimmed) when freed.
             let grown: Vec<Vec<u8>> = (0..200).map(|_| touch(64 << 10)).collect();
             drop(grown);
-            let blocks: Vec<Vec<u8>> = (0..2000).map(|i| touch(64 + (i % 64) * 512)).collect();
-            let large: Vec<Vec<u8>> = (10..25).map(|shift| touch(1 << shift)).collect();
+            let blocks: Vec<Vec<u8>> = (0..1000).map(|i| touch(64 + (i % 64) * 512)).collect();
+            let large: Vec<Vec<u8>> = (10..24).map(|shift| touch(1 << shift)).collect();
             drop(blocks);
             drop(large);
             let mut grown = Vec::new();
-            for i in 0..(8usize << 20) {
+            for i in 0..(1usize << 20) {
                 grown.push(i as u8);
             }
             std::hint::black_box(&grown);
             drop(grown);
-            drop(touch(96 << 20));
+            // Above glibc's largest mmap threshold (32 MiB): always a fresh mapping.
+            drop(touch(40 << 20));
         }
     }
 
