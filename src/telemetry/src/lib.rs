@@ -7,6 +7,7 @@ pub mod latency;
 pub mod logger;
 pub mod metrics;
 pub mod sink;
+pub mod sparse;
 pub mod time;
 
 pub use counter::{Counter, MaxGauge};
@@ -16,3 +17,4 @@ pub use metrics::{
     VsockMetrics,
 };
 pub use sink::LineSink;
+pub use sparse::Sparse;

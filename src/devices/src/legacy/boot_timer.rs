@@ -11,12 +11,17 @@ pub const MAGIC: u8 = 123;
 #[derive(Debug)]
 pub struct BootTimer {
     start: Instant,
+    /// The guest boots once: later writes (a guest can write in a loop) are not logged.
+    logged: bool,
 }
 
 impl BootTimer {
     /// `start` is when the ember process started.
     pub fn new(start: Instant) -> Self {
-        BootTimer { start }
+        BootTimer {
+            start,
+            logged: false,
+        }
     }
 }
 
@@ -26,7 +31,8 @@ impl BusDevice for BootTimer {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        if offset == 0 && data.first() == Some(&MAGIC) {
+        if offset == 0 && data.first() == Some(&MAGIC) && !self.logged {
+            self.logged = true;
             let elapsed = self.start.elapsed();
             log::info!(
                 "Guest-boot-time = {:>6} us {} ms",

@@ -5,18 +5,15 @@
 
 use std::io::{self, Write};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use telemetry::metrics::UartMetrics;
-
-/// The least time between two log lines about failed console writes.
-const LOG_INTERVAL: Duration = Duration::from_secs(60);
+use telemetry::Sparse;
 
 pub struct SerialOutput<W> {
     out: W,
     metrics: Arc<UartMetrics>,
-    /// When the last failure was logged, and the bytes dropped since then.
-    logged: Option<Instant>,
+    log: Sparse,
+    /// Bytes dropped since the last line about it.
     unlogged: u64,
 }
 
@@ -33,7 +30,7 @@ impl<W: Write> SerialOutput<W> {
         SerialOutput {
             out,
             metrics,
-            logged: None,
+            log: Sparse::per_minute(),
             unlogged: 0,
         }
     }
@@ -41,20 +38,18 @@ impl<W: Write> SerialOutput<W> {
     fn dropped(&mut self, bytes: usize, e: &io::Error) {
         self.metrics.missed_write_count.add(bytes as u64);
         self.unlogged += bytes as u64;
-        match self.logged {
-            None => log::warn!(
+        match self.log.admit() {
+            Some(0) if self.unlogged == bytes as u64 => log::warn!(
                 "cannot write the guest's console output: {e}; what cannot be written is \
                  dropped, counted in the metrics (uart.missed_write_count) and logged at most \
                  once a minute"
             ),
-            Some(at) if at.elapsed() >= LOG_INTERVAL => log::warn!(
-                "dropped {} bytes of the guest's console output in the last {} s: {e}",
-                self.unlogged,
-                at.elapsed().as_secs()
+            Some(_) => log::warn!(
+                "dropped {} bytes of the guest's console output since the last line: {e}",
+                self.unlogged
             ),
-            Some(_) => return,
+            None => return,
         }
-        self.logged = Some(Instant::now());
         self.unlogged = 0;
     }
 }
@@ -107,7 +102,6 @@ mod tests {
         }
         assert_eq!(metrics.missed_write_count.total(), 1000);
         // One line was logged: the first failure; the rest wait for the next minute.
-        assert!(out.logged.is_some());
         assert_eq!(out.unlogged, 999);
     }
 

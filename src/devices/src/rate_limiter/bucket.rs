@@ -64,7 +64,9 @@ impl TokenBucket {
     /// Adds the tokens earned since the last call. A clock that went backwards restarts the
     /// count from its new reading and earns nothing for the gap.
     pub fn refill(&mut self, now: u64) {
-        if now <= self.counted_until {
+        // A full bucket earns nothing, and banks no time either: else the time it sat full
+        // would pay for tokens taken after it (found by a rate test that ran slowly).
+        if now <= self.counted_until || (self.budget == self.spec.size && self.debt == 0) {
             self.counted_until = now;
             return;
         }
@@ -160,6 +162,20 @@ mod tests {
             };
             assert_eq!(TokenBucket::new(spec, 0), None);
         }
+    }
+
+    #[test]
+    fn time_spent_full_pays_for_nothing_taken_later() {
+        // Full from 0 to 49 ms: the first token taken after that is due 50 ms later, not at
+        // 50 ms after the bucket was made.
+        let mut b = bucket(2, 0, 100);
+        assert!(b.reduce(1, 49 * MS));
+        assert!(b.reduce(1, 49 * MS));
+        assert!(
+            !b.reduce(1, 98 * MS),
+            "one token earned in 49 ms of a 50 ms rate"
+        );
+        assert!(b.reduce(1, 99 * MS));
     }
 
     #[test]

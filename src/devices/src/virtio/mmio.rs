@@ -65,6 +65,8 @@ pub struct MmioTransport {
     queue_sel: u32,
     queues: Vec<Queue>,
     activated: bool,
+    /// The guest may fail activation in a loop: logged sparingly.
+    activation_log: telemetry::Sparse,
 }
 
 impl std::fmt::Debug for MmioTransport {
@@ -94,6 +96,7 @@ impl MmioTransport {
             queue_sel: 0,
             queues,
             activated: false,
+            activation_log: telemetry::Sparse::per_minute(),
         }
     }
 
@@ -323,7 +326,11 @@ impl MmioTransport {
         match result {
             Ok(()) => self.activated = true,
             Err(e) => {
-                log::warn!("virtio device activation failed: {e}");
+                if let Some(held) = self.activation_log.admit() {
+                    log::warn!(
+                        "virtio device activation failed: {e} ({held} more since the last line)"
+                    );
+                }
                 self.status |= NEEDS_RESET;
                 let _ = self.irq.trigger(InterruptKind::Config);
             }

@@ -362,7 +362,11 @@ fn a_throttled_tx_queue_sends_each_frame_once_when_tokens_come_back() {
         rig.net.on_tx_limiter_timer();
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
-    assert!(started.elapsed() >= std::time::Duration::from_millis(140));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(140),
+        "{:?}",
+        started.elapsed()
+    );
     let heads: Vec<u32> = rig.used(true).iter().map(|&(h, _)| h).collect();
     assert_eq!(heads, [0, 1, 2, 3, 4], "each frame once, in order");
     assert_eq!(ns.frames_from_ember() - before, 5);
