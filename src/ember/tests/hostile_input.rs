@@ -8,7 +8,7 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -286,13 +286,7 @@ fn serial_output_to_a_closed_stdout_is_counted_not_logged_per_byte() {
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 64},
     });
     let config = s.file("vm.json", config.to_string().as_bytes());
-    let mut child = Command::new(EMBER)
-        .args(["--no-api", "--config-file", &config, "--level", "Warning"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn(&["--no-api", "--config-file", &config, "--level", "Warning"]);
     // Close the reading end: every console write now fails with EPIPE.
     drop(child.stdout.take());
     std::thread::sleep(Duration::from_secs(3));
