@@ -5,9 +5,9 @@
 
 use serde::Deserialize;
 use vmm::config::{
-    parse_json_in, valid_id, BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig,
-    LoggerConfig, MachineConfig, MachineConfigUpdate, MetricsConfig, MmdsConfig,
-    NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
+    parse_json_in, valid_id, BootSourceConfig, ConfigError, CpuTemplate, DriveConfig,
+    EntropyDeviceConfig, LoggerConfig, MachineConfig, MachineConfigUpdate, MetricsConfig,
+    MmdsConfig, MmdsVersion, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
 };
 use vmm::rpc::VmmAction;
 
@@ -34,6 +34,7 @@ enum Route {
     MmdsConfig,
     Entropy,
     Vsock,
+    CpuConfig,
     SnapshotCreate,
     SnapshotLoad,
     Balloon,
@@ -59,6 +60,7 @@ impl Route {
                 Route::MmdsConfig
                 | Route::Entropy
                 | Route::Vsock
+                | Route::CpuConfig
                 | Route::SnapshotCreate
                 | Route::SnapshotLoad,
                 _,
@@ -89,7 +91,8 @@ fn route(path: &[&str]) -> Option<Route> {
         ["network-interfaces", _] => NetworkInterface,
         ["mmds"] => Mmds,
         ["mmds", "config"] => MmdsConfig,
-        ["vsock"] => Vsock,
+        // Firecracker routes `/vsock/{id}` (its deprecated device ID) to `/vsock`.
+        ["vsock"] | ["vsock", _] => Vsock,
         ["entropy"] => Entropy,
         ["balloon"] => Balloon,
         ["balloon", "statistics"] => BalloonStats,
@@ -100,7 +103,7 @@ fn route(path: &[&str]) -> Option<Route> {
         ["metrics"] => Metrics,
         ["snapshot", "create"] => SnapshotCreate,
         ["snapshot", "load"] => SnapshotLoad,
-        ["cpu-config"] => Unsupported("custom CPU templates (PUT /cpu-config)"),
+        ["cpu-config"] => CpuConfig,
         ["pmem", _] => Unsupported("virtio-pmem devices (/pmem)"),
         ["hotplug", "memory"] => Unsupported("memory hotplug (/hotplug/memory)"),
         ["serial"] => Unsupported("redirecting the serial console (PUT /serial)"),
@@ -249,6 +252,7 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::MmdsConfig, _) => VmmAction::PutMmdsConfig(body::<MmdsConfig>(req, "mmds-config")?),
         (Route::Entropy, _) => VmmAction::PutEntropy(body::<EntropyDeviceConfig>(req, "entropy")?),
         (Route::Vsock, _) => VmmAction::PutVsock(body(req, "vsock")?),
+        (Route::CpuConfig, _) => VmmAction::PutCpuConfig(body::<CpuTemplate>(req, "cpu-config")?),
         (Route::SnapshotCreate, _) => VmmAction::CreateSnapshot(body(req, "snapshot")?),
         (Route::SnapshotLoad, _) => VmmAction::LoadSnapshot(body(req, "snapshot")?),
         (Route::Balloon, "GET") => VmmAction::GetBalloon,
@@ -283,6 +287,29 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         },
         (Route::Unsupported(what), _) => return Err(config_error(&ConfigError::Unsupported(what))),
     })
+}
+
+/// Firecracker's sentence for a request that uses a deprecated field; its answer carries a
+/// `Deprecation: true` header.
+pub fn deprecation(action: &VmmAction) -> Option<&'static str> {
+    match action {
+        VmmAction::PutVsock(c) if c.vsock_id.is_some() => {
+            Some("PUT /vsock: vsock_id field is deprecated.")
+        }
+        VmmAction::PutMachineConfig(m) if m.cpu_template.is_some() => {
+            Some("PUT /machine-config: cpu_template field is deprecated.")
+        }
+        VmmAction::PatchMachineConfig(m) if m.cpu_template.is_some() => {
+            Some("PATCH /machine-config: cpu_template field is deprecated.")
+        }
+        VmmAction::PutMmdsConfig(c) if c.version == MmdsVersion::V1 => {
+            Some("PUT /mmds/config: V1 is deprecated. Use V2 instead.")
+        }
+        VmmAction::LoadSnapshot(p) if p.mem_file_path.is_some() || p.enable_diff_snapshots => Some(
+            "PUT /snapshot/load: mem_file_path and enable_diff_snapshots fields are deprecated.",
+        ),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -334,22 +334,31 @@ impl ApiServer {
                     let started = Instant::now();
                     let response = match routes::parse(&request) {
                         Routed::Answer(response) => response,
-                        Routed::Action(action) => match (action.timed(), self.vmm.call(action)) {
-                            (timed, Ok(result)) => {
-                                if let (Some(op), Ok(_)) = (timed, &result) {
-                                    let micros = started.elapsed().as_micros() as u64;
-                                    self.metrics.latencies.record(op, Span::Api, micros);
+                        Routed::Action(action) => {
+                            let deprecated = routes::deprecation(&action);
+                            match (action.timed(), self.vmm.call(action)) {
+                                (timed, Ok(result)) => {
+                                    if let (Some(op), Ok(_)) = (timed, &result) {
+                                        let micros = started.elapsed().as_micros() as u64;
+                                        self.metrics.latencies.record(op, Span::Api, micros);
+                                    }
+                                    match (deprecated, to_response(&result)) {
+                                        (Some(why), answer) if answer.status < 300 => {
+                                            log::warn!("{why}");
+                                            answer.with_header("Deprecation", "true".into())
+                                        }
+                                        (_, answer) => answer,
+                                    }
                                 }
-                                to_response(&result)
+                                (_, Err(_)) => {
+                                    let gone = Response::fault(503, "ember is shutting down");
+                                    queue(conn, &gone.with_header("Connection", "close".into()));
+                                    conn.closing = true;
+                                    let _ = flush(conn);
+                                    return (Next::Close, false);
+                                }
                             }
-                            (_, Err(_)) => {
-                                let gone = Response::fault(503, "ember is shutting down");
-                                queue(conn, &gone.with_header("Connection", "close".into()));
-                                conn.closing = true;
-                                let _ = flush(conn);
-                                return (Next::Close, false);
-                            }
-                        },
+                        }
                     };
                     if !request.keep_alive {
                         conn.closing = true;

@@ -31,8 +31,10 @@ Options:
   --version             Print the version and exit
   --help                Print this help and exit
 
-Exit status: 0 when the guest resets or powers off, 128+N after signal N (SIGINT: 130,
-SIGTERM: 143), 1 on any error.
+Exit status (Firecracker's): 0 when the guest resets or powers off; 153 when the command
+line cannot be parsed, 152 for an invalid --level; 148 when a seccomp filter traps a system
+call, 149 SIGBUS, 150 SIGSEGV, 151 SIGXFSZ, 154 SIGXCPU, 156 SIGHUP, 157 SIGILL; 128+N after
+SIGINT or SIGTERM (130, 143), which end the microVM cleanly; 1 on any other error.
 ";
 
 pub const DEFAULT_API_SOCK: &str = "/run/firecracker.socket";
@@ -98,6 +100,8 @@ pub enum Error {
     MmdsSizeLimit { value: String, max: usize },
     #[error("--no-seccomp and --seccomp-filter cannot be used together")]
     SeccompBoth,
+    #[error("--enable-pci: Ember has no virtio-pci transport yet; its devices are virtio-mmio only, so leave the flag out")]
+    Pci,
     #[error("{flag} must be a number of microseconds, not {value:?}")]
     Micros { flag: String, value: String },
 }
@@ -219,6 +223,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
             }
             "--metadata" => out.metadata = Some(value),
             "--boot-timer" => out.boot_timer = true,
+            "--enable-pci" => return Err(Error::Pci),
             "--level" => out.level = parse_level(&value)?,
             "--log-path" => out.log_path = Some(value),
             "--show-level" => out.show_level = true,

@@ -252,12 +252,25 @@ fn run() -> Result<i32, StartError> {
     Ok(reason.exit_status())
 }
 
+impl StartError {
+    /// Firecracker's status for the error: 153 for a command line it cannot parse, 152 for
+    /// an invalid log level, 1 for everything else (a bad configuration file included, as
+    /// in Firecracker).
+    fn exit_status(&self) -> i32 {
+        match self {
+            StartError::Cli(cli::Error::Level(_)) => signals::status::BAD_CONFIGURATION,
+            StartError::Cli(_) | StartError::NoConfigFile => signals::status::ARG_PARSING,
+            _ => signals::status::ERROR,
+        }
+    }
+}
+
 fn main() {
     let status = match run() {
         Ok(status) => status,
         Err(e) => {
             eprintln!("ember: {e}");
-            1
+            e.exit_status()
         }
     };
     // Ends the vCPU and API threads too; the vCPUs may still be inside KVM_RUN.

@@ -169,3 +169,35 @@ fn the_socket_answers_from_its_first_millisecond_until_exit() {
     assert_eq!(ember.terminate(), Some(128 + libc::SIGTERM));
     assert!(!ember.sock.exists(), "the socket file is removed at exit");
 }
+
+#[test]
+fn fatal_signals_end_ember_with_firecracker_statuses() {
+    let s = Scratch::new("api-signals");
+    for (signal, status, name) in [
+        (libc::SIGBUS, 149, "SIGBUS"),
+        (libc::SIGSEGV, 150, "SIGSEGV"),
+        (libc::SIGXFSZ, 151, "SIGXFSZ"),
+        (libc::SIGXCPU, 154, "SIGXCPU"),
+        (libc::SIGHUP, 156, "SIGHUP"),
+        (libc::SIGILL, 157, "SIGILL"),
+        (libc::SIGTERM, 128 + libc::SIGTERM, ""),
+    ] {
+        let mut ember = Ember::start(&s, &[]);
+        // The handlers are in place once the socket answers.
+        ember.client().get("/").expect(200, "");
+        let pid = libc::pid_t::try_from(ember.child.id()).unwrap();
+        // SAFETY: signals our own child, which is still running (not yet waited for).
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        assert_eq!(
+            ember.wait_exit(Duration::from_secs(10)),
+            Some(status),
+            "{name}: {}",
+            ember.stderr()
+        );
+        if !name.is_empty() {
+            let line = format!("ember: shutting down after intercepting {name}");
+            assert!(ember.stderr().contains(&line), "{}", ember.stderr());
+        }
+        let _ = std::fs::remove_file(&ember.sock);
+    }
+}

@@ -5,6 +5,7 @@
 mod common;
 
 use common::api::{Client, Ember};
+use common::shapes::Shapes;
 use common::*;
 use serde_json::{json, Value};
 
@@ -174,6 +175,38 @@ fn cases(kernel: &str, disk: &str, log: &str, metrics: &str) -> Vec<Case> {
             ),
             missing: (json!({"guest_cid": 3}), "missing field `uds_path`"),
             unknown: json!({"guest_cid": 3, "uds_path": vsock, "port": 1}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        // Firecracker routes `/vsock/{id}` to `/vsock`, with its deprecated `vsock_id`.
+        Case {
+            method: "PUT",
+            path: "/vsock/vsock0",
+            good: json!({"vsock_id": "vsock0", "guest_cid": 3, "uds_path": vsock}),
+            wrong_type: (
+                json!({"guest_cid": 3, "uds_path": 7}),
+                "vsock.uds_path: invalid type: integer `7`",
+            ),
+            missing: (json!({"uds_path": vsock}), "missing field `guest_cid`"),
+            unknown: json!({"guest_cid": 3, "uds_path": vsock, "cid": 1}),
+            before: (204, ""),
+            after: (400, POST_BOOT),
+        },
+        Case {
+            method: "PUT",
+            path: "/cpu-config",
+            good: json!({"kvm_capabilities": ["!56"], "cpuid_modifiers": [{"leaf": "0x1",
+                "subleaf": "0x0", "flags": 0, "modifiers": [{"register": "ecx", "bitmap": "0bx1xxx"}]}],
+                "msr_modifiers": []}),
+            wrong_type: (
+                json!({"cpuid_modifiers": [{"leaf": 1, "subleaf": "0x0", "flags": 0, "modifiers": []}]}),
+                "cpu-config.cpuid_modifiers[0].leaf: invalid type: integer `1`, expected a string",
+            ),
+            missing: (
+                json!({"cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0", "modifiers": []}]}),
+                "missing field `flags`",
+            ),
+            unknown: json!({"reg_modifiers": []}),
             before: (204, ""),
             after: (400, POST_BOOT),
         },
@@ -351,13 +384,16 @@ fn every_path_with_a_body_before_and_after_boot() {
     assert_eq!(config["machine-config"], machine);
     assert_eq!(
         config["entropy"],
-        json!({"rate_limiter": {"bandwidth": {"size": 1000, "refill_time": 100}}})
+        json!({"rate_limiter": {"bandwidth": {"size": 1000, "one_time_burst": null, "refill_time": 100},
+            "ops": null}})
     );
-    let balloon = json!({"amount_mib": 4, "deflate_on_oom": true, "stats_polling_interval_s": 2});
+    let balloon = json!({"amount_mib": 4, "deflate_on_oom": true, "stats_polling_interval_s": 2,
+        "free_page_hinting": false, "free_page_reporting": false});
     assert_eq!(config["balloon"], balloon);
     assert_eq!(
         config["vsock"],
-        json!({"guest_cid": 3, "uds_path": s.path("v.sock")})
+        json!({"guest_cid": 3, "uds_path": s.path("v.sock")}),
+        "the deprecated vsock_id is not shown, as in Firecracker"
     );
     assert_eq!(c.get("/balloon").expect(200, "").json(), balloon);
     assert_eq!(config["drives"][0]["path_on_host"], disk.as_str());
@@ -376,6 +412,8 @@ fn every_path_with_a_body_before_and_after_boot() {
     // The balloon after boot: statistics (the test guest has no driver: only the sizes), a
     // target past guest memory, and statistics turned off.
     let stats = c.get("/balloon/statistics").expect(200, "").json();
+    let problems = Shapes::load().check(&stats, "BalloonStats", "/balloon/statistics");
+    assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(
         (stats["target_mib"].clone(), stats["actual_mib"].clone()),
         (json!(4), json!(0))
@@ -434,7 +472,8 @@ fn every_path_with_a_body_before_and_after_boot() {
     let limiter = &c.get("/vm/config").json()["drives"][1]["rate_limiter"];
     assert_eq!(
         *limiter,
-        json!({"bandwidth": {"size": 1_000_000, "refill_time": 1000}})
+        json!({"bandwidth": {"size": 1_000_000, "one_time_burst": null, "refill_time": 1000},
+            "ops": null})
     );
     assert_eq!(c.get("/").json()["state"], "Running");
 
@@ -544,7 +583,6 @@ fn unknown_paths_wrong_methods_and_later_features() {
     // Paths of features Ember does not have yet: 400 naming the feature.
     for (method, path, feature) in [
         ("PATCH", "/balloon/hinting/start", "free page hinting"),
-        ("PUT", "/cpu-config", "custom CPU templates"),
         ("PUT", "/pmem/p0", "virtio-pmem"),
         ("GET", "/hotplug/memory", "memory hotplug"),
         ("PUT", "/serial", "serial console"),

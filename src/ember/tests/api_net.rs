@@ -7,8 +7,9 @@ mod common;
 
 use common::api::Ember;
 use common::netns::NetNs;
+use common::shapes::Shapes;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[test]
 fn network_interfaces_and_the_mmds_through_the_api() {
@@ -121,8 +122,10 @@ fn network_interfaces_and_the_mmds_through_the_api() {
     assert_eq!(
         config["network-interfaces"],
         json!([
-            {"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:0a:00:00:02"},
-            {"iface_id": "eth1", "host_dev_name": "tap1", "mtu": 9000}
+            {"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:0a:00:00:02",
+             "mtu": null, "rx_rate_limiter": null, "tx_rate_limiter": null},
+            {"iface_id": "eth1", "host_dev_name": "tap1", "guest_mac": null, "mtu": 9000,
+             "rx_rate_limiter": null, "tx_rate_limiter": null}
         ])
     );
     assert_eq!(
@@ -147,4 +150,133 @@ fn a_config_file_with_an_interface_that_does_not_exist_is_refused() {
         "{}",
         run.stderr
     );
+}
+
+#[test]
+fn every_get_answers_with_the_keys_of_firecrackers_api_file() {
+    let Some(ns) = NetNs::new_or_skip("every_get_answers_with_the_keys_of_firecrackers_api_file")
+    else {
+        return;
+    };
+    ns.add_tap("tap0", None, 1500);
+    let s = Scratch::new("api-shapes");
+    let shapes = Shapes::load();
+    // The check itself sees a key left out, a key too many, and a nested one.
+    let broken = json!({"vcpu_count": 1, "mem_size_mib": 8, "smt": false, "huge_pages": "None",
+        "gdb": 1});
+    assert_eq!(
+        shapes.check(&broken, "MachineConfiguration", "m"),
+        [
+            "m.gdb: not a key of MachineConfiguration in the API file",
+            "m.track_dirty_pages: missing"
+        ]
+    );
+    let nested = json!({"rate_limiter": {"bandwidth": {"size": 1, "refill_time": 1}, "ops": null}});
+    assert_eq!(
+        shapes.check(&nested, "EntropyDevice", "e"),
+        ["e.rate_limiter.bandwidth.one_time_burst: missing"]
+    );
+    let ember = Ember::start_in(&s, &[], Some(&ns.name));
+    let mut c = ember.client();
+    // Nothing configured: every section is there, null or empty.
+    let config = c.get("/vm/config").expect(200, "").json();
+    let problems = shapes.check(&config, "FullVmConfiguration", "/vm/config");
+    assert!(problems.is_empty(), "{problems:#?}\n{config:#}");
+    for section in [
+        "balloon",
+        "cpu-config",
+        "logger",
+        "metrics",
+        "mmds-config",
+        "vsock",
+    ] {
+        assert_eq!(config[section], Value::Null, "{section}");
+    }
+    for section in ["drives", "network-interfaces", "pmem"] {
+        assert_eq!(config[section], json!([]), "{section}");
+    }
+    assert_eq!(config["boot-source"]["kernel_image_path"], "");
+
+    // Everything configured, each with its optional parts left out.
+    let bucket = json!({"size": 1000, "refill_time": 100});
+    let disk = s.file("disk.img", &[0u8; 4096]);
+    c.put(
+        "/boot-source",
+        &json!({"kernel_image_path": test_guest::PVH_ELF}),
+    )
+    .expect(204, "");
+    c.put(
+        "/machine-config",
+        &json!({"vcpu_count": 2, "mem_size_mib": 64, "cpu_template": "T2"}),
+    )
+    .expect(204, "");
+    assert_eq!(c.get("/machine-config").json()["cpu_template"], "T2");
+    c.put(
+        "/drives/rootfs",
+        &json!({"drive_id": "rootfs", "path_on_host": disk,
+        "is_root_device": true, "rate_limiter": {"ops": bucket}}),
+    )
+    .expect(204, "");
+    c.put(
+        "/network-interfaces/eth0",
+        &json!({"iface_id": "eth0", "host_dev_name": "tap0",
+        "rx_rate_limiter": {"bandwidth": bucket}}),
+    )
+    .expect(204, "");
+    let r = c
+        .put("/mmds/config", &json!({"network_interfaces": ["eth0"]}))
+        .expect(204, "");
+    assert_eq!(r.header("Deprecation"), Some("true"), "MMDS V1");
+    c.put(
+        "/vsock",
+        &json!({"guest_cid": 3, "uds_path": s.path("v.sock")}),
+    )
+    .expect(204, "");
+    c.put("/entropy", &json!({})).expect(204, "");
+    c.put(
+        "/balloon",
+        &json!({"amount_mib": 1, "deflate_on_oom": false}),
+    )
+    .expect(204, "");
+    c.put(
+        "/cpu-config",
+        &json!({"cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0",
+        "flags": 0, "modifiers": [{"register": "ecx", "bitmap": "0b1xxx"}]}]}),
+    )
+    .expect(204, "");
+    let mut answered = Vec::new();
+    for (path, definition) in shapes.gets() {
+        let reply = c.get(&path);
+        if reply.status != 200 {
+            answered.push(format!("{path} {}", reply.status));
+            continue;
+        }
+        let value = reply.json();
+        let problems = shapes.check(&value, &definition, &path);
+        assert!(problems.is_empty(), "{problems:#?}\n{value:#}");
+    }
+    // Before boot, these have nothing to show; /balloon/statistics' shape is checked after
+    // boot (api_conformance), the other two are features Ember does not have.
+    assert_eq!(
+        answered,
+        [
+            "/balloon/hinting/status 400",
+            "/balloon/statistics 400",
+            "/hotplug/memory 400"
+        ]
+    );
+    let config = c.get("/vm/config").json();
+    // The custom template replaced the static one, as in Firecracker.
+    assert_eq!(config["machine-config"].get("cpu_template"), None);
+    assert_eq!(config["cpu-config"]["cpuid_modifiers"][0]["leaf"], "0x1");
+    assert_eq!(
+        config["drives"][0]["rate_limiter"]["bandwidth"],
+        Value::Null
+    );
+    assert_eq!(config["drives"][0]["io_engine"], "Sync");
+    assert_eq!(
+        config["network-interfaces"][0]["tx_rate_limiter"],
+        Value::Null
+    );
+    assert_eq!(config["balloon"]["free_page_reporting"], false);
 }

@@ -48,6 +48,12 @@ fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
     let config = c.get("/vm/config").expect(200, "").json();
     assert_eq!(config["machine-config"]["vcpu_count"], 2);
     assert_eq!(config["drives"][0]["path_on_host"], disk.as_str());
+    let template = &config["cpu-config"]["cpuid_modifiers"][0];
+    assert_eq!(template["leaf"], "0x1");
+    assert_eq!(
+        template["modifiers"][0]["bitmap"],
+        format!("0b{}1xxx", "x".repeat(28))
+    );
     assert_eq!(
         c.get("/mmds").expect(200, "").json()["latest"]["role"],
         "snapshotted"

@@ -1,6 +1,7 @@
 //! Seccomp filters for ember's threads. A compromised VMM thread, API thread or vCPU thread
 //! can make only the system calls (and, for `ioctl`, the requests) that kind of thread needs;
-//! anything else kills the process. The filters come from `filters/x86_64.json`, compiled
+//! anything else raises SIGSYS, on which ember exits with status 148 (Firecracker's way:
+//! the filters trap rather than kill, so the cause is named). The filters come from `filters/x86_64.json`, compiled
 //! when ember is built; `--seccomp-filter FILE` replaces them with a user's (same format) and
 //! `--no-seccomp` turns them off. Each thread installs its own filter before it runs code that
 //! the guest can reach.

@@ -97,6 +97,25 @@ pub enum BuildError {
     DeviceState(#[from] devices::virtio::snapshot::RestoreError),
     #[error("the snapshot has {saved} virtio devices; its configuration makes {built}")]
     DeviceCount { saved: usize, built: usize },
+    #[error("{0}")]
+    CpuTemplate(#[from] vcpu::template::TemplateError),
+}
+
+/// The CPU template of the microVM, checked against this host.
+fn guest_cpu(ctx: &Context, caps: &vm::HostCaps) -> Result<vcpu::template::GuestCpu, BuildError> {
+    let r = ctx.resources;
+    let cpu = vcpu::template::resolve(
+        r.machine_config.cpu_template,
+        r.cpu_template.as_ref(),
+        caps,
+        |n| ctx.vm.has_capability(n),
+    )?;
+    if caps.pvm && cpu != vcpu::template::GuestCpu::default() {
+        log::warn!(
+            "this host's KVM is kvm_pvm, which answers most of the guest's CPUID from the host CPU: the CPU template is given to KVM, but the guest sees only part of it"
+        );
+    }
+    Ok(cpu)
 }
 
 /// Where the guest's serial console goes and comes from. Each build takes copies of the
@@ -185,9 +204,16 @@ fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
         });
     }
     let machine = &ctx.resources.machine_config;
+    let cpu = guest_cpu(ctx, &caps)?;
     // CPUID now: KVM takes it only before the vCPU's state.
     let (vcpus, stats) = create_vcpus(ctx, &attached, &caps, |index, fd| {
-        Ok(Vcpu::configure(fd, topology(machine, index), &caps, None)?)
+        Ok(Vcpu::configure(
+            fd,
+            topology(machine, index),
+            &caps,
+            &cpu,
+            None,
+        )?)
     })?;
     if let (Some(balloon), Some(pages)) = (
         &attached.devices.balloon,
@@ -234,6 +260,7 @@ fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Pa
     };
 
     let caps = vm.host_caps()?;
+    let cpu = guest_cpu(ctx, &caps)?;
     let mut cmdline = boot.boot_args().to_string();
     if caps.pvm {
         cmdline.push(' ');
@@ -259,7 +286,7 @@ fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Pa
     };
     let (vcpus, stats) = create_vcpus(ctx, &attached, &caps, |index, fd| {
         let topo = topology(machine, index);
-        Vcpu::configure(fd, topo, &caps, (index == 0).then_some(entry))?;
+        Vcpu::configure(fd, topo, &caps, &cpu, (index == 0).then_some(entry))?;
         Ok(())
     })?;
     Ok(attached.into_parts(vcpus, stats))

@@ -324,6 +324,7 @@ impl Controller {
             | VmmAction::PutMmdsConfig(_)
             | VmmAction::PutEntropy(_)
             | VmmAction::PutVsock(_)
+            | VmmAction::PutCpuConfig(_)
             | VmmAction::PutBalloon(_)
             | VmmAction::PutLogger(_)
             | VmmAction::PutMetrics(_)
@@ -360,6 +361,10 @@ impl Controller {
             VmmAction::PutMmdsConfig(config) => self.configured(|r| r.set_mmds_config(config)),
             VmmAction::PutEntropy(config) => self.configured(|r| r.set_entropy(config)),
             VmmAction::PutVsock(config) => self.configured(|r| r.set_vsock(config)),
+            VmmAction::PutCpuConfig(template) => self.configured(|r| {
+                r.set_cpu_template(template);
+                Ok(())
+            }),
             VmmAction::PutBalloon(config) => self.configured(|r| r.set_balloon(config)),
             VmmAction::PatchBalloon(update) => self.patch_balloon(update),
             VmmAction::PatchBalloonStats(update) => self.patch_balloon_stats(update),

@@ -4,22 +4,29 @@
 
 use crate::config::{
     check_amount, parse_json, BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate,
-    BootSourceConfig, ConfigError, DriveConfig, EntropyDeviceConfig, LoggerConfig, MachineConfig,
-    MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
-    RateLimiterConfig, VmConfig, VsockDeviceConfig,
+    BootSourceConfig, ConfigError, CpuConfig, CpuTemplate, DriveConfig, EntropyDeviceConfig,
+    LoggerConfig, MachineConfig, MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive,
+    PartialNetworkInterface, RateLimiterConfig, StaticCpuTemplate, VmConfig, VsockDeviceConfig,
 };
 
 use std::os::unix::net::UnixListener;
+use std::path::Path;
 use std::sync::Arc;
 
 /// virtio-mmio devices (drives and network interfaces) get IRQs 5..=23.
 pub const MAX_DEVICES: usize =
     (arch::layout::LAST_VIRTIO_IRQ - arch::layout::FIRST_VIRTIO_IRQ + 1) as usize;
 
+/// A CPU template file larger than this is not one (Firecracker's are a few KiB).
+const MAX_CPU_TEMPLATE_FILE: u64 = 1 << 20;
+
 #[derive(Debug, Clone, Default)]
 pub struct VmResources {
     pub boot_source: Option<BootSourceConfig>,
     pub machine_config: MachineConfig,
+    /// A custom CPU template (`PUT /cpu-config`); a static one is in `machine_config`. The
+    /// last one set wins.
+    pub cpu_template: Option<CpuTemplate>,
     /// Kept with the root device first, so that it is /dev/vda.
     drives: Vec<DriveConfig>,
     network_interfaces: Vec<NetworkInterfaceConfig>,
@@ -56,11 +63,29 @@ impl VmResources {
 
     fn from_config(config: VmConfig) -> Result<Self, ConfigError> {
         let mut resources = VmResources::default();
-        if let Some(boot) = config.boot_source {
+        // `GET /vm/config` shows an unset boot source as an empty kernel path.
+        if let Some(boot) = config
+            .boot_source
+            .filter(|b| !b.kernel_image_path.is_empty())
+        {
             resources.set_boot_source(boot)?;
         }
         if let Some(machine) = config.machine_config {
             resources.set_machine_config(machine)?;
+        }
+        match config.cpu_config {
+            None => {}
+            Some(CpuConfig::Template(t)) => resources.set_cpu_template(t),
+            Some(CpuConfig::Path(path)) => {
+                let text = hostfile::read_to_string(Path::new(&path), MAX_CPU_TEMPLATE_FILE)
+                    .map_err(|source| ConfigError::Unreadable {
+                        what: "the CPU template",
+                        path: path.clone(),
+                        source,
+                    })?;
+                let template = crate::config::parse_json_in(&text, Some("cpu-config"))?;
+                resources.set_cpu_template(template);
+            }
         }
         for drive in config.drives {
             resources.add_drive(drive)?;
@@ -94,10 +119,26 @@ impl VmResources {
         Ok(())
     }
 
-    pub fn set_machine_config(&mut self, machine: MachineConfig) -> Result<(), ConfigError> {
+    /// A new machine configuration. Its `cpu_template`, as in Firecracker: absent keeps the
+    /// current template, "None" clears any, a static one replaces a custom one.
+    pub fn set_machine_config(&mut self, mut machine: MachineConfig) -> Result<(), ConfigError> {
         machine.validate()?;
+        match machine.cpu_template {
+            None => machine.cpu_template = self.machine_config.cpu_template,
+            Some(StaticCpuTemplate::None) => {
+                machine.cpu_template = None;
+                self.cpu_template = None;
+            }
+            Some(_) => self.cpu_template = None,
+        }
         self.machine_config = machine;
         Ok(())
+    }
+
+    /// `PUT /cpu-config`: a custom template, which replaces a static one.
+    pub fn set_cpu_template(&mut self, template: CpuTemplate) {
+        self.machine_config.cpu_template = None;
+        self.cpu_template = Some(template);
     }
 
     /// Adds a drive. In a config file an ID may appear once; the API's PUT of an existing ID
@@ -356,13 +397,17 @@ impl VmResources {
     /// Everything configured, in the config-file format (`GET /vm/config`).
     pub fn to_config(&self) -> VmConfig {
         VmConfig {
-            boot_source: self.boot_source.clone(),
+            boot_source: Some(self.boot_source.clone().unwrap_or_default()),
             drives: self.drives.clone(),
             network_interfaces: self.network_interfaces.clone(),
             mmds_config: self.mmds_config.clone(),
-            vsock: self.vsock.as_ref().map(|(c, _)| c.clone()),
+            vsock: self.vsock.as_ref().map(|(c, _)| VsockDeviceConfig {
+                vsock_id: None,
+                ..c.clone()
+            }),
             entropy: self.entropy.clone(),
             balloon: self.balloon.clone(),
+            cpu_config: self.cpu_template.clone().map(CpuConfig::Template),
             ..VmConfig::new(self.machine_config.clone())
         }
     }

@@ -36,6 +36,7 @@ pub enum VmmAction {
     PutMmdsConfig(MmdsConfig),
     PutEntropy(EntropyDeviceConfig),
     PutVsock(VsockDeviceConfig),
+    PutCpuConfig(crate::config::CpuTemplate),
     PutBalloon(BalloonDeviceConfig),
     PatchBalloon(BalloonUpdate),
     PatchBalloonStats(BalloonStatsUpdate),

@@ -95,6 +95,11 @@ impl Vm {
         &self.fd
     }
 
+    /// KVM_CHECK_EXTENSION of capability number `n` (a CPU template's `kvm_capabilities`).
+    pub fn has_capability(&self, n: u32) -> bool {
+        self.kvm.check_extension_raw(libc::c_ulong::from(n)) > 0
+    }
+
     pub fn host_caps(&self) -> Result<HostCaps, Error> {
         let supported_cpuid = self
             .kvm

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub mod api;
 pub mod linux;
 pub mod netns;
+pub mod shapes;
 pub mod snapshot;
 pub mod vsock;
 

@@ -100,6 +100,13 @@ pub fn boot_and_snapshot(s: &Scratch, machine: &serde_json::Value) -> Snapshotte
         &[("rootfs", &disk, false)],
     );
     c.put("/entropy", &json!({})).expect(204, "");
+    // A CPU template, which the snapshot keeps: MONITOR (leaf 1 ECX bit 3) shown.
+    c.put(
+        "/cpu-config",
+        &json!({"cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0",
+        "flags": 0, "modifiers": [{"register": "ecx", "bitmap": "0b1xxx"}]}]}),
+    )
+    .expect(204, "");
     c.put(
         "/balloon",
         &json!({"amount_mib": 0, "deflate_on_oom": false}),

@@ -12,14 +12,10 @@ pub struct BalloonDeviceConfig {
     pub deflate_on_oom: bool,
     #[serde(default)]
     pub stats_polling_interval_s: u16,
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default)]
     pub free_page_hinting: bool,
-    #[serde(default, skip_serializing_if = "is_false")]
+    #[serde(default)]
     pub free_page_reporting: bool,
-}
-
-fn is_false(b: &bool) -> bool {
-    !b
 }
 
 /// `PATCH /balloon`.

@@ -31,16 +31,16 @@ pub struct DriveConfig {
     pub is_root_device: bool,
     #[serde(default)]
     pub is_read_only: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub partuuid: Option<String>,
     #[serde(default)]
     pub cache_type: CacheType,
     #[serde(default)]
     pub io_engine: IoEngine,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub rate_limiter: Option<RateLimiterConfig>,
     /// vhost-user-block: not part of Ember.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub socket: Option<String>,
 }
 

@@ -8,7 +8,7 @@ use super::{ConfigError, RateLimiterConfig};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct EntropyDeviceConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub rate_limiter: Option<RateLimiterConfig>,
 }
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::{ConfigError, StaticCpuTemplate};
 
 /// Firecracker's limit, and the most the MP table describes.
 pub const MAX_VCPUS: u8 = 32;
@@ -28,9 +28,10 @@ pub struct MachineConfig {
     pub track_dirty_pages: bool,
     #[serde(default)]
     pub huge_pages: HugePages,
-    /// Only "None" (or absent): Ember has no CPU templates.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpu_template: Option<String>,
+    /// A static CPU template. Absent keeps the current template, "None" clears any (a custom
+    /// one too), as in Firecracker; shown only when a static template is set.
+    #[serde(default, skip_serializing_if = "no_static_template")]
+    pub cpu_template: Option<StaticCpuTemplate>,
 }
 
 impl Default for MachineConfig {
@@ -63,9 +64,6 @@ impl MachineConfig {
                 "huge_pages 2M (hugetlbfs-backed memory)",
             ));
         }
-        if self.cpu_template.as_deref().is_some_and(|t| t != "None") {
-            return Err(ConfigError::Unsupported("CPU templates (cpu_template)"));
-        }
         self.mem_bytes()?;
         Ok(())
     }
@@ -87,7 +85,11 @@ pub struct MachineConfigUpdate {
     pub smt: Option<bool>,
     pub track_dirty_pages: Option<bool>,
     pub huge_pages: Option<HugePages>,
-    pub cpu_template: Option<String>,
+    pub cpu_template: Option<StaticCpuTemplate>,
+}
+
+fn no_static_template(t: &Option<StaticCpuTemplate>) -> bool {
+    matches!(t, None | Some(StaticCpuTemplate::None))
 }
 
 impl MachineConfigUpdate {
@@ -103,7 +105,7 @@ impl MachineConfigUpdate {
             smt: self.smt.unwrap_or(current.smt),
             track_dirty_pages: self.track_dirty_pages.unwrap_or(current.track_dirty_pages),
             huge_pages: self.huge_pages.unwrap_or(current.huge_pages),
-            cpu_template: self.cpu_template.or_else(|| current.cpu_template.clone()),
+            cpu_template: self.cpu_template.or(current.cpu_template),
         }
     }
 }

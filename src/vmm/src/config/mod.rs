@@ -5,6 +5,7 @@
 
 mod balloon;
 mod boot;
+mod cpu;
 mod drive;
 mod entropy;
 mod machine;
@@ -16,6 +17,10 @@ mod vsock;
 
 pub use balloon::{check_amount, BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate};
 pub use boot::BootSourceConfig;
+pub use cpu::{
+    Bitmap, CpuConfig, CpuTemplate, CpuidLeafModifier, CpuidRegister, CpuidRegisterModifier,
+    KvmCapability, MsrModifier, StaticCpuTemplate,
+};
 pub use drive::{valid_id, CacheType, DriveConfig, IoEngine, PartialDrive};
 pub use entropy::EntropyDeviceConfig;
 pub use machine::{HugePages, MachineConfig, MachineConfigUpdate, MAX_VCPUS};
@@ -28,49 +33,49 @@ pub use vsock::VsockDeviceConfig;
 use serde::{Deserialize, Serialize};
 
 /// `--config-file`, and `GET /vm/config`: every resource that can be set before boot, under
-/// the keys of Firecracker's `FullVmConfiguration`.
+/// the keys of Firecracker's `FullVmConfiguration`. `GET` shows every key, as Firecracker
+/// does: `null` or `[]` where nothing is set.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VmConfig {
-    /// Required in a config file; absent from `GET /vm/config` until it is set.
-    #[serde(
-        rename = "boot-source",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub boot_source: Option<BootSourceConfig>,
+    #[serde(rename = "balloon", default)]
+    pub balloon: Option<BalloonDeviceConfig>,
     #[serde(default)]
     pub drives: Vec<DriveConfig>,
+    /// Required in a config file; `GET /vm/config` shows an empty kernel path until it is
+    /// set, as Firecracker does.
+    #[serde(rename = "boot-source", default)]
+    pub boot_source: Option<BootSourceConfig>,
+    #[serde(rename = "cpu-config", default)]
+    pub cpu_config: Option<CpuConfig>,
+    /// Applied when ember starts; `GET /vm/config` shows `null`, as Firecracker does.
+    #[serde(default)]
+    pub logger: Option<LoggerConfig>,
     #[serde(rename = "machine-config", default)]
     pub machine_config: Option<MachineConfig>,
-    /// Firecracker's other sections, accepted when empty so that its files and its
-    /// `GET /vm/config` output load; anything in them is refused by [`VmConfig::check_later`].
+    /// Applied when ember starts; `GET /vm/config` shows `null`, as Firecracker does.
+    #[serde(default)]
+    pub metrics: Option<MetricsConfig>,
+    #[serde(rename = "mmds-config", default)]
+    pub mmds_config: Option<MmdsConfig>,
     #[serde(rename = "network-interfaces", default)]
     pub network_interfaces: Vec<NetworkInterfaceConfig>,
-    #[serde(
-        rename = "mmds-config",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub mmds_config: Option<MmdsConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub vsock: Option<VsockDeviceConfig>,
-    /// `null` asks for no device, as in Firecracker's `GET /vm/config`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `null` asks for no device.
+    #[serde(default)]
     pub entropy: Option<EntropyDeviceConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub balloon: Option<BalloonDeviceConfig>,
-    /// Applied when ember starts; not part of `GET /vm/config`, as in Firecracker.
-    #[serde(default, skip_serializing)]
-    pub logger: Option<LoggerConfig>,
-    #[serde(default, skip_serializing)]
-    pub metrics: Option<MetricsConfig>,
-    #[serde(rename = "cpu-config", default, skip_serializing)]
-    pub cpu_config: Option<serde_json::Value>,
-    #[serde(default, skip_serializing)]
-    pub pmem: Option<serde_json::Value>,
-    #[serde(rename = "memory-hotplug", default, skip_serializing)]
+    /// Firecracker's sections for devices Ember lacks, accepted when empty (`null`, `[]`) so
+    /// that its files and its `GET /vm/config` output load; anything in them is refused by
+    /// [`VmConfig::check_later`].
+    #[serde(default = "empty_list")]
+    pub pmem: serde_json::Value,
+    #[serde(rename = "memory-hotplug", default)]
     pub memory_hotplug: Option<serde_json::Value>,
+}
+
+fn empty_list() -> serde_json::Value {
+    serde_json::Value::Array(Vec::new())
 }
 
 impl VmConfig {
@@ -78,38 +83,33 @@ impl VmConfig {
     /// fills in the sections Ember has.
     pub fn new(machine_config: MachineConfig) -> Self {
         VmConfig {
-            boot_source: None,
+            balloon: None,
             drives: Vec::new(),
+            boot_source: Some(BootSourceConfig::default()),
+            cpu_config: None,
+            logger: None,
             machine_config: Some(machine_config),
-            network_interfaces: Vec::new(),
+            metrics: None,
             mmds_config: None,
+            network_interfaces: Vec::new(),
             vsock: None,
             entropy: None,
-            balloon: None,
-            logger: None,
-            metrics: None,
-            cpu_config: None,
-            pmem: None,
+            pmem: empty_list(),
             memory_hotplug: None,
         }
     }
 
     /// Refuses any section that asks for something; `null` and `[]` ask for nothing.
     pub fn check_later(&self) -> Result<(), ConfigError> {
-        let asks = |v: &Option<serde_json::Value>| match v {
-            None | Some(serde_json::Value::Null) => false,
-            Some(serde_json::Value::Array(a)) => !a.is_empty(),
-            Some(_) => true,
+        let asks = |v: &serde_json::Value| match v {
+            serde_json::Value::Null => false,
+            serde_json::Value::Array(a) => !a.is_empty(),
+            _ => true,
         };
-        if asks(&self.cpu_config) {
-            return Err(ConfigError::Unsupported(
-                "custom CPU templates (cpu-config)",
-            ));
-        }
         if asks(&self.pmem) {
             return Err(ConfigError::Unsupported("virtio-pmem devices (pmem)"));
         }
-        if asks(&self.memory_hotplug) {
+        if self.memory_hotplug.as_ref().is_some_and(asks) {
             return Err(ConfigError::Unsupported("memory hotplug (memory-hotplug)"));
         }
         Ok(())

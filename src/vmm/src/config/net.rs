@@ -59,14 +59,14 @@ impl Serialize for MacAddr {
 pub struct NetworkInterfaceConfig {
     pub iface_id: String,
     pub host_dev_name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub guest_mac: Option<MacAddr>,
     /// Advertised with VIRTIO_NET_F_MTU when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub mtu: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub rx_rate_limiter: Option<RateLimiterConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub tx_rate_limiter: Option<RateLimiterConfig>,
 }
 

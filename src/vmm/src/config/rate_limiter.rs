@@ -11,7 +11,7 @@ use super::ConfigError;
 #[serde(deny_unknown_fields)]
 pub struct TokenBucketConfig {
     pub size: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub one_time_burst: Option<u64>,
     pub refill_time: u64,
 }
@@ -19,9 +19,9 @@ pub struct TokenBucketConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimiterConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub bandwidth: Option<TokenBucketConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub ops: Option<TokenBucketConfig>,
 }
 

@@ -4,7 +4,9 @@
 pub mod control;
 pub mod emulate;
 pub mod exit;
+mod static_templates;
 pub mod stats;
+pub mod template;
 
 use std::sync::Arc;
 
@@ -61,10 +63,12 @@ impl Vcpu {
         fd: &VcpuFd,
         topo: Topology,
         caps: &HostCaps,
+        cpu: &template::GuestCpu,
         boot: Option<BootEntry>,
     ) -> Result<(), Error> {
         let index = topo.cpu_index;
         let mut cpuid = caps.supported_cpuid.clone();
+        cpu.apply_cpuid(cpuid.as_mut_slice());
         arch::cpuid::filter(cpuid.as_mut_slice(), topo);
         if caps.tsc_deadline {
             arch::cpuid::offer_tsc_deadline_timer(cpuid.as_mut_slice());
@@ -96,6 +100,7 @@ impl Vcpu {
             let failed = entries[written].index;
             return Err(Error::Msrs(index, format!("KVM refused MSR {failed:#x}")));
         }
+        Self::apply_template_msrs(fd, index, cpu)?;
 
         fd.set_fpu(&arch::regs::boot_fpu())
             .map_err(|e| Error::Registers(index, e))?;
@@ -111,6 +116,44 @@ impl Vcpu {
             arch::regs::boot_sregs(boot.protocol, &mut sregs, boot.cr3);
             fd.set_sregs(&sregs)
                 .map_err(|e| Error::Registers(index, e))?;
+        }
+        Ok(())
+    }
+
+    /// The template's MSR bits over the values KVM gives the vCPU.
+    fn apply_template_msrs(fd: &VcpuFd, index: u8, cpu: &template::GuestCpu) -> Result<(), Error> {
+        if cpu.msrs.is_empty() {
+            return Ok(());
+        }
+        let wanted: Vec<kvm_msr_entry> = cpu
+            .msrs
+            .iter()
+            .map(|(addr, _)| kvm_msr_entry {
+                index: *addr,
+                ..Default::default()
+            })
+            .collect();
+        let mut msrs =
+            Msrs::from_entries(&wanted).map_err(|e| Error::Msrs(index, format!("{e:?}")))?;
+        let read = fd
+            .get_msrs(&mut msrs)
+            .map_err(|e| Error::Msrs(index, e.to_string()))?;
+        if read != wanted.len() {
+            let failed = wanted[read].index;
+            return Err(Error::Msrs(
+                index,
+                format!("KVM cannot read MSR {failed:#x}"),
+            ));
+        }
+        for (entry, (_, bitmap)) in msrs.as_mut_slice().iter_mut().zip(&cpu.msrs) {
+            entry.data = bitmap.apply(entry.data);
+        }
+        let written = fd
+            .set_msrs(&msrs)
+            .map_err(|e| Error::Msrs(index, e.to_string()))?;
+        if written != wanted.len() {
+            let failed = wanted[written].index;
+            return Err(Error::Msrs(index, format!("KVM refused MSR {failed:#x}")));
         }
         Ok(())
     }
@@ -241,14 +284,14 @@ fn hold_until_exit(vcpu: Vcpu) -> ! {
     }
 }
 
-/// Debug builds only: with `EMBER_TEST_VCPU_SYSCALL=execve` in its environment, a vCPU thread
-/// makes a system call its filter forbids, right after installing it, so that the tests can
-/// see seccomp kill ember with SIGSYS. Release builds have no such hook.
+/// Debug builds only: with `EMBER_TEST_VCPU_SYSCALL=socket` in its environment, a vCPU thread
+/// makes a system call its filter forbids (`socket`), right after installing it, so that the
+/// tests can see seccomp stop ember. Release builds have no such hook.
 mod test_hook {
     #[cfg(debug_assertions)]
     pub fn forbidden_syscall() {
-        if std::env::var_os("EMBER_TEST_VCPU_SYSCALL").is_some_and(|v| v == "execve") {
-            let _ = std::process::Command::new("/bin/true").status();
+        if std::env::var_os("EMBER_TEST_VCPU_SYSCALL").is_some_and(|v| v == "socket") {
+            let _ = std::net::UdpSocket::bind("127.0.0.1:0");
         }
     }
 
