@@ -2,7 +2,7 @@
 #![no_main]
 use std::sync::{Arc, OnceLock};
 
-use devices::virtio::block::{Block, BlockConfig, CacheType};
+use devices::virtio::block::{Block, BlockConfig, CacheType, IoEngine};
 use libfuzzer_sys::fuzz_target;
 
 fn disk() -> &'static std::path::Path {
@@ -27,10 +27,17 @@ fuzz_target!(|data: &[u8]| {
         } else {
             CacheType::Unsafe
         },
+        // Bit 2: the Async engine (io_uring), whose requests are waited for.
+        engine: if flags & 4 != 0 {
+            IoEngine::Async
+        } else {
+            IoEngine::Sync
+        },
         limiter: Default::default(),
         metrics: Arc::new(Default::default()),
     })
     .unwrap();
     let _mem = ember_fuzz::activate(&mut dev, rest);
     dev.process_queue();
+    dev.drain();
 });

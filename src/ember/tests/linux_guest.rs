@@ -119,6 +119,8 @@ fn linux_boots_as_vmlinux_bzimage_and_from_an_initramfs() {
     assert_eq!(report(&run, "root"), "rootfs", "running from the initramfs");
 }
 
+/// The data drive is on the Async engine (io_uring) with Writeback caching: the guest's
+/// fsync becomes a flush that waits for the write before it.
 #[test]
 fn linux_writes_a_data_disk_byte_for_byte() {
     let Some(img) = linux_or_skip("linux_writes_a_data_disk_byte_for_byte") else {
@@ -134,7 +136,10 @@ fn linux_writes_a_data_disk_byte_for_byte() {
         cmd,
         1,
         128,
-        &[json!({"drive_id": "data", "path_on_host": data, "is_root_device": false})],
+        &[
+            json!({"drive_id": "data", "path_on_host": data, "is_root_device": false,
+                 "io_engine": "Async", "cache_type": "Writeback"}),
+        ],
     );
     let after = read(&s.path("data.img"));
     let mut expected = b"ember-data-line\n".to_vec();

@@ -1,5 +1,5 @@
 //! Which system calls a real run makes, against the seccomp filters: the Linux guest with a
-//! root and a data drive (one with a rate limiter), a network interface on a TAP in a
+//! root and a data drive (one with a rate limiter, on the Async engine), a network interface on a TAP in a
 //! namespace and the MMDS, vsock streams both ways, driven through the API (pause, resume, a
 //! drive patched after boot), all under `strace -f`. Each thread's calls after its own `seccomp()` must be in
 //! its filter in src/seccomp/filters/x86_64.json; the test prints what each thread used,
@@ -147,6 +147,7 @@ fn every_system_call_of_a_full_run_is_in_its_threads_filter() {
     c.put(
         "/drives/data",
         &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false,
+                "io_engine": "Async", "cache_type": "Writeback",
                 "rate_limiter": {"bandwidth": {"size": 1 << 20, "refill_time": 100}}}),
     )
     .expect(204, "");

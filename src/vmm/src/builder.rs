@@ -12,7 +12,7 @@ use arch::layout::{self, CMDLINE_ADDR, CMDLINE_MAX_SIZE, FIRST_VIRTIO_IRQ, I8042
 use arch::{BootProtocol, KernelEntry};
 use devices::legacy::{i8042, BootTimer, Serial, SerialOutput, SerialSnapshot, I8042};
 use devices::virtio::balloon::{Balloon, BalloonConfig};
-use devices::virtio::block::{Block, BlockConfig, CacheType};
+use devices::virtio::block::{Block, BlockConfig, CacheType, IoEngine};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
 use devices::virtio::net::{MmdsLink, Net, NetConfig};
 use devices::virtio::rng::{Entropy, EntropyConfig};
@@ -582,6 +582,10 @@ fn block_config(drive: &DriveConfig, metrics: &telemetry::Metrics) -> BlockConfi
         cache: match drive.cache_type {
             config::CacheType::Unsafe => CacheType::Unsafe,
             config::CacheType::Writeback => CacheType::Writeback,
+        },
+        engine: match drive.io_engine {
+            config::IoEngine::Sync => IoEngine::Sync,
+            config::IoEngine::Async => IoEngine::Async,
         },
         limiter: RateLimiterConfig::spec(drive.rate_limiter.as_ref()),
         metrics: metrics.block(&drive.drive_id),

@@ -171,6 +171,11 @@ impl MicroVm {
         if params.snapshot_type == SnapshotType::Diff && !self.track_dirty {
             return Err(SnapshotError::Diff);
         }
+        // Async disk requests in flight finish and are answered first, so that the saved
+        // queues and interrupt state hold every one of them.
+        for (_, block) in &self.devices.blocks {
+            devices::bus::lock(block).drain();
+        }
         let vcpus = control::save_all(&self.handles).map_err(SnapshotError::Vcpu)?;
         let vm = crate::snapshot::state::save_vm(self.vm.fd())?;
         let d = &self.devices;

@@ -153,6 +153,14 @@ impl VmResources {
     /// Inserts or replaces the drive with this ID.
     pub fn replace_drive(&mut self, drive: DriveConfig) -> Result<(), ConfigError> {
         drive.validate()?;
+        if drive.io_engine == crate::config::IoEngine::Async {
+            devices::virtio::block::probe_async_engine().map_err(|source| {
+                ConfigError::NoIoUring {
+                    drive: drive.drive_id.clone(),
+                    source,
+                }
+            })?;
+        }
         let others = self.drives.iter().filter(|d| d.drive_id != drive.drive_id);
         if drive.is_root_device {
             if let Some(root) = others.clone().find(|d| d.is_root_device) {

@@ -90,6 +90,11 @@ pub struct Snapshotted {
 /// MMDS; snapshots it (Full, to `vm.snap` and `vm.mem` in `s`) at its third tick or later
 /// and stops that ember.
 pub fn boot_and_snapshot(s: &Scratch, machine: &serde_json::Value) -> Snapshotted {
+    boot_and_snapshot_on(s, machine, "Sync")
+}
+
+/// [`boot_and_snapshot`] with the disk on I/O engine `engine`.
+pub fn boot_and_snapshot_on(s: &Scratch, machine: &serde_json::Value, engine: &str) -> Snapshotted {
     let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
     let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
     let mut a = ember_named(s, "a");
@@ -97,8 +102,14 @@ pub fn boot_and_snapshot(s: &Scratch, machine: &serde_json::Value) -> Snapshotte
     c.configure(
         machine,
         &json!({"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 ticks disklog"}),
-        &[("rootfs", &disk, false)],
+        &[],
     );
+    c.put(
+        "/drives/rootfs",
+        &json!({"drive_id": "rootfs", "path_on_host": disk,
+        "is_root_device": false, "io_engine": engine}),
+    )
+    .expect(204, "");
     c.put("/entropy", &json!({})).expect(204, "");
     // A CPU template, which the snapshot keeps: MONITOR (leaf 1 ECX bit 3) shown.
     c.put(

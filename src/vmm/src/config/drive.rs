@@ -15,7 +15,8 @@ pub enum CacheType {
     Writeback,
 }
 
-/// Firecracker's `io_engine`. Ember does synchronous I/O on the VMM thread.
+/// Firecracker's `io_engine`: I/O on the VMM thread (Sync), or by the host kernel's
+/// io_uring (Async).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 pub enum IoEngine {
     #[default]
@@ -56,11 +57,6 @@ impl DriveConfig {
         }
         if let Some(limiter) = &self.rate_limiter {
             limiter.validate()?;
-        }
-        if self.io_engine == IoEngine::Async {
-            return Err(ConfigError::Unsupported(
-                "io_engine Async (Ember does Sync I/O)",
-            ));
         }
         if self.socket.is_some() {
             return Err(ConfigError::Unsupported(

@@ -145,6 +145,11 @@ pub enum ConfigError {
     NoSuchDrive(String),
     #[error("drive_id {0} is used by two drives")]
     DuplicateDriveId(String),
+    #[error("drive {drive}: io_engine Async needs io_uring, which this host's kernel does not offer ({source}); use Sync")]
+    NoIoUring {
+        drive: String,
+        source: std::io::Error,
+    },
     #[error("at most {max} virtio devices (drives and network interfaces together) are supported, not {count}")]
     TooManyDevices { max: usize, count: usize },
     #[error("iface_id {0} is used by two network interfaces")]

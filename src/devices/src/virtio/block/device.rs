@@ -1,5 +1,7 @@
 //! The virtio-blk device: its features and configuration space, and the request loop that
-//! runs on the VMM thread when the guest notifies the queue.
+//! runs on the VMM thread when the guest notifies the queue. Reads, writes and flushes are
+//! done there (the Sync engine), or handed to the host kernel's io_uring and completed when
+//! its eventfd fires (the Async engine); both check, charge and answer requests alike.
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
@@ -20,6 +22,7 @@ use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::io_uring::{Completion, Op, Ring};
 use super::request::{Request, RequestType, SECTOR_SIZE};
 use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
 use crate::virtio::device::{checked_queues, read_config_bytes};
@@ -41,6 +44,16 @@ pub enum CacheType {
     Writeback,
 }
 
+/// Firecracker's `io_engine`: where reads, writes and flushes are done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoEngine {
+    /// On the VMM thread, one request after another.
+    #[default]
+    Sync,
+    /// By the host kernel (io_uring), many at a time, completed through an eventfd.
+    Async,
+}
+
 /// What the builder needs to make a block device.
 #[derive(Debug, Clone)]
 pub struct BlockConfig {
@@ -48,6 +61,7 @@ pub struct BlockConfig {
     pub path: PathBuf,
     pub read_only: bool,
     pub cache: CacheType,
+    pub engine: IoEngine,
     pub limiter: LimiterSpec,
     pub metrics: Arc<BlockMetrics>,
 }
@@ -66,6 +80,23 @@ pub enum Error {
     },
     #[error("cannot create the queue eventfd or the rate limiter's timer: {0}")]
     EventFd(std::io::Error),
+    #[error(
+        "io_engine Async needs io_uring, which this host's kernel does not offer ({0}); use Sync"
+    )]
+    IoUring(std::io::Error),
+}
+
+/// What the completion of an Async request needs.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    head: u16,
+    kind: RequestType,
+    bytes: u64,
+    status: vm_memory::GuestAddress,
+    /// Bytes the device writes into the chain on success (data and status).
+    used_len: u32,
+    /// The device's activation it belongs to: after a reset its completion is dropped.
+    generation: u64,
 }
 
 struct Active {
@@ -90,6 +121,10 @@ pub struct Block {
     active: Option<Active>,
     limiter: RateLimiter,
     metrics: Arc<BlockMetrics>,
+    /// The Async engine's ring; None for Sync.
+    ring: Option<Ring<Pending>>,
+    /// Counts resets: requests started before one are not answered into the new queue.
+    generation: u64,
 }
 
 /// `capacity` (sectors), `size_max` (0: not offered), `seg_max`.
@@ -154,7 +189,24 @@ impl Block {
             active: None,
             limiter: RateLimiter::new(config.limiter).map_err(Error::EventFd)?,
             metrics: config.metrics.clone(),
+            ring: match config.engine {
+                IoEngine::Sync => None,
+                IoEngine::Async => Some(Ring::new(u32::from(QUEUE_SIZE)).map_err(Error::IoUring)?),
+            },
+            generation: 0,
         })
+    }
+
+    /// The Async engine's completion eventfd (for the event loop, and tests).
+    pub fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.ring.as_ref().map(Ring::completion_fd)
+    }
+
+    pub fn engine(&self) -> IoEngine {
+        match self.ring {
+            Some(_) => IoEngine::Async,
+            None => IoEngine::Sync,
+        }
     }
 
     /// The guest's view of the disk size changed: new configuration space, and a
@@ -175,6 +227,8 @@ impl Block {
         let (disk, capacity) = open_disk(path, self.read_only).inspect_err(|_| {
             self.metrics.update_fails.inc();
         })?;
+        // Requests in flight finish on the old file.
+        self.drain();
         self.disk = disk;
         self.path = path.to_path_buf();
         self.metrics.update_count.inc();
@@ -211,13 +265,17 @@ impl Block {
         self.limiter.spec()
     }
 
-    /// Serves every request the guest has made available; true if any was completed.
+    /// Serves every request the guest has made available (with the Async engine: starts
+    /// them, as many as the ring takes); true if any was completed now.
     pub fn process_queue(&mut self) -> bool {
         let Some(mut active) = self.active.take() else {
             return false;
         };
         let mut used_any = false;
-        while let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) {
+        while !self.ring.as_ref().is_some_and(Ring::is_full) {
+            let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) else {
+                break;
+            };
             let head = chain.head_index();
             let used_len = match Request::parse(&active.mem, chain) {
                 Ok(request) => {
@@ -231,7 +289,10 @@ impl Block {
                         self.metrics.rate_limiter_throttled_events.inc();
                         break;
                     }
-                    self.execute(&active.mem, &request)
+                    match self.start(&active.mem, head, &request) {
+                        Some(used_len) => used_len,
+                        None => continue,
+                    }
                 }
                 Err(e) => {
                     log::debug!("block {}: bad request: {e}", self.id);
@@ -244,6 +305,11 @@ impl Block {
             }
             used_any = true;
         }
+        if let Some(ring) = &mut self.ring {
+            if let Err(e) = ring.submit() {
+                log::error!("block {}: cannot submit to io_uring: {e}", self.id);
+            }
+        }
         if used_any {
             let _ = active.irq.trigger(InterruptKind::Queue);
         }
@@ -251,9 +317,126 @@ impl Block {
         used_any
     }
 
+    /// Starts one checked request: with the Async engine a read, write or Writeback flush
+    /// goes to the ring (None: its completion answers it); everything else is done now and
+    /// its used length returned.
+    fn start(&mut self, mem: &GuestMemory, head: u16, request: &Request) -> Option<u32> {
+        let op = match request.kind {
+            RequestType::In => Op::Read,
+            RequestType::Out => Op::Write,
+            RequestType::Flush if self.cache == CacheType::Writeback => Op::Flush,
+            _ => return Some(self.execute(mem, request)),
+        };
+        if self.ring.is_none() {
+            return Some(self.execute(mem, request));
+        }
+        let offset = match self.check_transfer(request) {
+            Ok(offset) => offset,
+            Err(status) => return Some(self.answer(mem, request, Err(status))),
+        };
+        let pending = Pending {
+            head,
+            kind: request.kind,
+            bytes: request.data_len(),
+            status: request.status,
+            used_len: if op == Op::Read {
+                request.data_len() as u32
+            } else {
+                0
+            },
+            generation: self.generation,
+        };
+        let ring = self.ring.as_mut()?;
+        match ring.queue(op, &self.disk, offset, mem, &request.data, pending) {
+            Ok(()) => None,
+            // The ring had room (checked before the chain was taken), and every buffer was
+            // checked against guest memory: this does not happen; the guest gets an error.
+            Err(_) => Some(self.answer(mem, request, Err(VIRTIO_BLK_S_IOERR))),
+        }
+    }
+
+    /// The Async engine's completions: each request's status, the used ring, one interrupt;
+    /// then the requests the ring had no room for.
+    pub fn on_completions(&mut self) {
+        let done = match &mut self.ring {
+            Some(ring) => ring.completions(),
+            None => return,
+        };
+        self.complete(done);
+        if !self.limiter.is_blocked() {
+            self.process_queue();
+        }
+    }
+
+    fn complete(&mut self, done: Vec<Completion<Pending>>) {
+        let Some(active) = &mut self.active else {
+            return;
+        };
+        if done.is_empty() {
+            return;
+        }
+        for Completion { token: p, result } in done {
+            if p.generation != self.generation {
+                // Started before the driver reset the device: its queue is gone.
+                continue;
+            }
+            let m = &self.metrics;
+            let status = match result {
+                Ok(()) => {
+                    match p.kind {
+                        RequestType::In => {
+                            m.read_count.inc();
+                            m.read_bytes.add(p.bytes);
+                        }
+                        RequestType::Out => {
+                            m.write_count.inc();
+                            m.write_bytes.add(p.bytes);
+                        }
+                        _ => m.flush_count.inc(),
+                    }
+                    VIRTIO_BLK_S_OK
+                }
+                Err(errno) => {
+                    log::debug!("block {}: io_uring request failed: errno {errno}", self.id);
+                    m.execute_fails.inc();
+                    VIRTIO_BLK_S_IOERR
+                }
+            };
+            let used_len = match (status, active.mem.write_obj(status as u8, p.status)) {
+                (_, Err(_)) => 0,
+                (VIRTIO_BLK_S_OK, Ok(())) => p.used_len.saturating_add(1),
+                _ => 1,
+            };
+            if active
+                .queue
+                .add_used(&active.mem, p.head, used_len)
+                .is_err()
+            {
+                log::debug!("block {}: used ring update failed", self.id);
+            }
+        }
+        let _ = active.irq.trigger(InterruptKind::Queue);
+    }
+
+    /// Waits for every Async request in flight and answers them: before a snapshot saves
+    /// the queue, a reset, or a new disk file.
+    pub fn drain(&mut self) {
+        let done = match &mut self.ring {
+            Some(ring) if ring.in_flight() > 0 => ring.drain(),
+            _ => return,
+        };
+        self.complete(done);
+    }
+
     /// Runs one checked request and writes its status; returns the bytes written to the guest.
     fn execute(&mut self, mem: &GuestMemory, request: &Request) -> u32 {
-        let (status, written) = match self.perform(mem, request) {
+        let done = self.perform(mem, request);
+        self.answer(mem, request, done)
+    }
+
+    /// Counts a request's outcome and writes its status; returns the used length.
+    fn answer(&self, mem: &GuestMemory, request: &Request, done: Result<u32, u32>) -> u32 {
+        let (status, written) = match done {
             Ok(written) => {
                 let m = &self.metrics;
                 match request.kind {
@@ -281,23 +464,30 @@ impl Block {
         written.saturating_add(1)
     }
 
+    /// A read or write the device may do: not a write to a read-only drive, inside the
+    /// disk. Its byte offset.
+    fn check_transfer(&self, request: &Request) -> Result<u64, u32> {
+        if request.kind == RequestType::Out && self.read_only {
+            return Err(VIRTIO_BLK_S_IOERR);
+        }
+        let start = request
+            .sector
+            .checked_mul(SECTOR_SIZE)
+            .ok_or(VIRTIO_BLK_S_IOERR)?;
+        let end = start
+            .checked_add(request.data_len())
+            .ok_or(VIRTIO_BLK_S_IOERR)?;
+        if end > self.capacity {
+            return Err(VIRTIO_BLK_S_IOERR);
+        }
+        Ok(start)
+    }
+
     fn perform(&mut self, mem: &GuestMemory, request: &Request) -> Result<u32, u32> {
         match request.kind {
             RequestType::In | RequestType::Out => {
                 let write = request.kind == RequestType::Out;
-                if write && self.read_only {
-                    return Err(VIRTIO_BLK_S_IOERR);
-                }
-                let start = request
-                    .sector
-                    .checked_mul(SECTOR_SIZE)
-                    .ok_or(VIRTIO_BLK_S_IOERR)?;
-                let end = start
-                    .checked_add(request.data_len())
-                    .ok_or(VIRTIO_BLK_S_IOERR)?;
-                if end > self.capacity {
-                    return Err(VIRTIO_BLK_S_IOERR);
-                }
+                let start = self.check_transfer(request)?;
                 self.disk
                     .seek(SeekFrom::Start(start))
                     .map_err(|_| VIRTIO_BLK_S_IOERR)?;
@@ -383,6 +573,9 @@ impl VirtioDevice for Block {
     }
 
     fn reset(&mut self) {
+        // This runs on a vCPU thread, which may not wait on the ring: Async requests still
+        // in flight finish later (their buffers stay mapped) and are not answered.
+        self.generation += 1;
         self.active = None;
         self.acked_features = 0;
     }
@@ -394,10 +587,14 @@ impl VirtioDevice for Block {
 
 impl MutEventSubscriber for Block {
     fn init(&mut self, ops: &mut EventOps) {
-        for events in [
+        let mut watched = vec![
             Events::new(&self.queue_events[0], EventSet::IN),
             Events::new(&self.limiter, EventSet::IN),
-        ] {
+        ];
+        if let Some(ring) = &self.ring {
+            watched.push(Events::new_raw(ring.completion_fd(), EventSet::IN));
+        }
+        for events in watched {
             if let Err(e) = ops.add(events) {
                 self.metrics.event_fails.inc();
                 log::error!("block {}: cannot watch a descriptor: {e}", self.id);
@@ -415,6 +612,12 @@ impl MutEventSubscriber for Block {
             }
         } else if events.fd() == self.limiter.as_raw_fd() {
             self.on_limiter_timer();
+        } else if self
+            .ring
+            .as_ref()
+            .is_some_and(|r| events.fd() == r.completion_fd())
+        {
+            self.on_completions();
         }
     }
 }

@@ -1,9 +1,12 @@
-//! virtio-blk on a raw image file: read, write, flush and get-id.
+//! virtio-blk on a raw image file: read, write, flush and get-id, done on the VMM thread
+//! (Sync) or by the host kernel's io_uring (Async).
 
 mod device;
+mod io_uring;
 mod request;
 
-pub use device::{Block, BlockConfig, CacheType, Error};
+pub use device::{Block, BlockConfig, CacheType, Error, IoEngine};
+pub use io_uring::probe as probe_async_engine;
 pub use request::{Request, RequestError, RequestType, SECTOR_SIZE};
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use telemetry::BlockMetrics;
 
-use super::{Block, BlockConfig, CacheType, Request, RequestError, RequestType};
+use super::{Block, BlockConfig, CacheType, IoEngine, Request, RequestError, RequestType};
 use crate::rate_limiter::{BucketSpec, BucketUpdate, LimiterSpec};
 use crate::virtio::test_utils::used;
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
@@ -28,13 +28,22 @@ const DATA: u64 = 0x20_0000;
 const STATUS: u64 = 0x30_0000;
 const MEM_SIZE: usize = 16 << 20;
 
+std::thread_local! {
+    /// The engine the devices of this test thread use (`async_engine` runs the tests again
+    /// with Async).
+    static ENGINE: std::cell::Cell<IoEngine> = const { std::cell::Cell::new(IoEngine::Sync) };
+}
+
 struct Disk {
     path: std::path::PathBuf,
 }
 
 impl Disk {
     fn new(name: &str, bytes: &[u8]) -> Disk {
-        let path = std::env::temp_dir().join(format!("ember-blk-{}-{name}", std::process::id()));
+        // The same test runs once per engine, maybe at the same time: one file each.
+        let engine = format!("{:?}", ENGINE.get());
+        let path =
+            std::env::temp_dir().join(format!("ember-blk-{}-{name}-{engine}", std::process::id()));
         std::fs::File::create(&path)
             .unwrap()
             .write_all(bytes)
@@ -71,6 +80,7 @@ fn limited_block(
         path: disk.path.clone(),
         read_only,
         cache: CacheType::Writeback,
+        engine: ENGINE.get(),
         limiter,
         metrics,
     })
@@ -101,6 +111,8 @@ fn serve(mem: &GuestMemory, dev: &mut Block, descs: &[RawDescriptor]) -> Vec<(u3
     let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     dev.activate(mem.clone(), vec![queue], irq.clone()).unwrap();
     dev.process_queue();
+    // Async requests answered (Sync ones already are).
+    dev.drain();
     used(mem, &mq)
 }
 
@@ -423,11 +435,13 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
     // could take long enough to refill it, and the wait below would look too short.
     let started = std::time::Instant::now();
     dev.process_queue();
+    dev.drain();
     assert_eq!(used(&mem, &mq).len(), 2, "the bucket holds two requests");
     assert_eq!(metrics.rate_limiter_throttled_events.total(), 1);
 
     while used(&mem, &mq).len() < 5 {
         dev.on_limiter_timer();
+        dev.drain();
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
     // Three more tokens at one per 50 ms.
@@ -497,4 +511,111 @@ fn rescan_and_a_new_file_change_the_size_the_guest_reads_and_interrupt_it() {
         .replace_disk(std::path::Path::new("/nonexistent/disk"))
         .is_err());
     assert_eq!(sectors(&dev), 6, "a failed replacement keeps the disk");
+}
+
+/// The same tests with the Async engine (io_uring), where the host kernel has it.
+mod async_engine {
+    use super::*;
+
+    fn with_async(test: fn()) {
+        if let Err(e) = super::super::io_uring::Ring::<()>::new(4) {
+            eprintln!("SKIPPED the Async engine's block tests: no io_uring here ({e})");
+            return;
+        }
+        ENGINE.set(IoEngine::Async);
+        test();
+    }
+
+    /// Each named test of the Sync engine, again on the Async one.
+    macro_rules! on_async {
+        ($($test:ident),*) => {
+            $(
+                #[test]
+                fn $test() {
+                    with_async(super::$test);
+                }
+            )*
+        };
+    }
+
+    on_async!(
+        read_write_flush_and_get_id,
+        writes_to_a_read_only_disk_and_requests_past_the_end_fail_untouched,
+        hostile_chains_get_device_errors_not_panics,
+        a_throttled_queue_serves_each_request_once_when_tokens_come_back,
+        rescan_and_a_new_file_change_the_size_the_guest_reads_and_interrupt_it
+    );
+
+    /// Requests complete through the eventfd the event loop watches, each answered once,
+    /// with its data and status.
+    #[test]
+    fn completions_arrive_through_the_eventfd() {
+        with_async(completions);
+    }
+
+    fn completions() {
+        let contents: Vec<u8> = (0..(64 * 512u32)).map(|i| (i / 512) as u8).collect();
+        let disk = Disk::new("many", &contents);
+        let mem = memory();
+        let mut dev = block(&disk, false);
+        let mq = MockSplitQueue::create(&mem, GuestAddress(0), 256);
+        let reads = 60u16;
+        for r in 0..reads {
+            let hdr = HDR + 16 * u64::from(r);
+            mem.write_obj(0u32, GuestAddress(hdr)).unwrap();
+            mem.write_obj(u64::from(r), GuestAddress(hdr + 8)).unwrap();
+            let d = 3 * r;
+            let data = DATA + 512 * u64::from(r);
+            mq.desc_table()
+                .store(d, desc(hdr, 16, NEXT, d + 1))
+                .unwrap();
+            mq.desc_table()
+                .store(d + 1, desc(data, 512, NEXT | WRITE, d + 2))
+                .unwrap();
+            mq.desc_table()
+                .store(d + 2, desc(STATUS + u64::from(r), 1, WRITE, 0))
+                .unwrap();
+            mq.avail().ring().ref_at(r.into()).unwrap().store(d);
+        }
+        mq.avail().idx().store(reads);
+        let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        dev.activate(mem.clone(), vec![mq.create_queue().unwrap()], irq.clone())
+            .unwrap();
+        dev.process_queue();
+        let fd = dev
+            .completion_fd()
+            .expect("an Async device has a completion eventfd");
+        let started = std::time::Instant::now();
+        while used(&mem, &mq).len() < usize::from(reads) {
+            let mut poll = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, for the length given.
+            let ready = unsafe { libc::poll(&mut poll, 1, 5000) };
+            assert_eq!(ready, 1, "a completion within 5 s");
+            dev.on_completions();
+            assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        }
+        let heads: Vec<u32> = used(&mem, &mq).iter().map(|&(h, _)| h).collect();
+        let mut sorted = heads.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted,
+            (0..u32::from(reads)).map(|r| 3 * r).collect::<Vec<_>>()
+        );
+        assert!(used(&mem, &mq).iter().all(|&(_, len)| len == 513));
+        for r in 0..u64::from(reads) {
+            let mut got = [0u8; 512];
+            mem.read_slice(&mut got, GuestAddress(DATA + 512 * r))
+                .unwrap();
+            assert!(got.iter().all(|&b| b == r as u8), "read {r}");
+            assert_eq!(
+                mem.read_obj::<u8>(GuestAddress(STATUS + r)).unwrap(),
+                VIRTIO_BLK_S_OK as u8
+            );
+        }
+        assert_ne!(irq.status(), 0, "the guest was interrupted");
+    }
 }
