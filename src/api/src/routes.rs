@@ -8,6 +8,7 @@ use vmm::config::{
     parse_json_in, valid_id, BootSourceConfig, ConfigError, CpuTemplate, DriveConfig,
     EntropyDeviceConfig, LoggerConfig, MachineConfig, MachineConfigUpdate, MetricsConfig,
     MmdsConfig, MmdsVersion, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
+    SerialConfig,
 };
 use vmm::rpc::VmmAction;
 
@@ -35,6 +36,7 @@ enum Route {
     Entropy,
     Vsock,
     CpuConfig,
+    Serial,
     SnapshotCreate,
     SnapshotLoad,
     Balloon,
@@ -61,6 +63,7 @@ impl Route {
                 | Route::Entropy
                 | Route::Vsock
                 | Route::CpuConfig
+                | Route::Serial
                 | Route::SnapshotCreate
                 | Route::SnapshotLoad,
                 _,
@@ -106,7 +109,7 @@ fn route(path: &[&str]) -> Option<Route> {
         ["cpu-config"] => CpuConfig,
         ["pmem", _] => Unsupported("virtio-pmem devices (/pmem)"),
         ["hotplug", "memory"] => Unsupported("memory hotplug (/hotplug/memory)"),
-        ["serial"] => Unsupported("redirecting the serial console (PUT /serial)"),
+        ["serial"] => Serial,
         _ => return None,
     })
 }
@@ -252,6 +255,7 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::MmdsConfig, _) => VmmAction::PutMmdsConfig(body::<MmdsConfig>(req, "mmds-config")?),
         (Route::Entropy, _) => VmmAction::PutEntropy(body::<EntropyDeviceConfig>(req, "entropy")?),
         (Route::Vsock, _) => VmmAction::PutVsock(body(req, "vsock")?),
+        (Route::Serial, _) => VmmAction::PutSerial(body::<SerialConfig>(req, "serial")?),
         (Route::CpuConfig, _) => VmmAction::PutCpuConfig(body::<CpuTemplate>(req, "cpu-config")?),
         (Route::SnapshotCreate, _) => VmmAction::CreateSnapshot(body(req, "snapshot")?),
         (Route::SnapshotLoad, _) => VmmAction::LoadSnapshot(body(req, "snapshot")?),

@@ -201,3 +201,96 @@ fn fatal_signals_end_ember_with_firecracker_statuses() {
         let _ = std::fs::remove_file(&ember.sock);
     }
 }
+
+#[test]
+fn put_serial_sends_the_console_to_a_file_at_the_rate_it_sets() {
+    if !kvm_or_skip("put_serial_sends_the_console_to_a_file_at_the_rate_it_sets") {
+        return;
+    }
+    let s = Scratch::new("api-serial");
+    // The guest's whole console output goes to the file; none to stdout.
+    let mut ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let out = s.path("console.log");
+    std::fs::write(&out, b"kept\n").unwrap();
+    c.put("/serial", &json!({"serial_out_path": out}))
+        .expect(204, "");
+    configure(&mut c, &s, "console=ttyS0");
+    c.instance_start();
+    assert_eq!(ember.wait_exit(BOOT), Some(0), "{}", ember.stderr());
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("kept\n"), "appended: {text}");
+    assert!(text.contains("guest: smp online=2"), "{text}");
+    assert!(text.contains("guest: done"), "{text}");
+    assert!(!ember.stdout().contains("guest:"), "{}", ember.stdout());
+    let full = text.len() - "kept\n".len();
+
+    // A bucket of 64 bytes a second: the first 64 bytes pass, the rest of a run that takes
+    // well under a second (the whole output is {full} bytes) mostly does not.
+    let mut ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let metrics = s.path("metrics.json");
+    c.put("/metrics", &json!({"metrics_path": metrics}))
+        .expect(204, "");
+    let limited = s.path("limited.log");
+    c.put(
+        "/serial",
+        &json!({"serial_out_path": limited, "rate_limiter": {"size": 64, "refill_time": 1000}}),
+    )
+    .expect(204, "");
+    configure(&mut c, &s, "console=ttyS0");
+    let started = Instant::now();
+    c.instance_start();
+    assert_eq!(ember.wait_exit(BOOT), Some(0), "{}", ember.stderr());
+    let written = std::fs::read(&limited).unwrap().len() as u64;
+    let allowed = 64 + 64 * started.elapsed().as_millis() as u64 / 1000 + 1;
+    assert!(
+        written >= 64 && written <= allowed,
+        "{written} bytes of {full}, at most {allowed}"
+    );
+    let line = std::fs::read_to_string(&metrics).unwrap();
+    let last: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+    let dropped = last["uart"]["rate_limiter_dropped_bytes"].as_u64().unwrap();
+    assert_eq!(
+        written + dropped,
+        full as u64,
+        "every byte written or counted: {last}"
+    );
+
+    // A FIFO nobody reads takes what fits and the guest runs to its end; a directory is
+    // refused at InstanceStart with a sentence; bad bodies get 400.
+    let fifo = s.path("console.fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let mut ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    c.put("/serial", &json!({"serial_out_path": fifo}))
+        .expect(204, "");
+    configure(&mut c, &s, "console=ttyS0");
+    c.instance_start();
+    assert_eq!(ember.wait_exit(BOOT), Some(0), "{}", ember.stderr());
+    let ember = Ember::start(&s, &[]);
+    let mut c = ember.client();
+    c.put("/serial", &json!({"serial_out_path": s.0}))
+        .expect(204, "");
+    c.put("/serial", &json!({"serial_out_path": "x", "speed": 1}))
+        .expect(400, "unknown field `speed`");
+    c.put(
+        "/serial",
+        &json!({"rate_limiter": {"size": 10, "refill_time": 0}}),
+    )
+    .expect(400, "refill_time");
+    c.put("/serial", &json!({"serial_out_path": s.0}))
+        .expect(204, "");
+    configure(&mut c, &s, "console=ttyS0");
+    let r = c.put("/actions", &json!({"action_type": "InstanceStart"}));
+    assert_eq!(r.status, 400);
+    assert!(
+        r.fault().contains("cannot open the serial output file"),
+        "{}",
+        r.fault()
+    );
+}

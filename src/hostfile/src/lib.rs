@@ -36,17 +36,22 @@ pub enum Kind {
     Regular,
     /// A disk: an image file or a host block device.
     RegularOrBlockDevice,
+    /// Where output goes: a file, a named pipe, or a character device such as /dev/null.
+    Output,
 }
 
 impl Kind {
     fn admits(self, t: std::fs::FileType) -> bool {
-        t.is_file() || (self == Kind::RegularOrBlockDevice && t.is_block_device())
+        t.is_file()
+            || (self == Kind::RegularOrBlockDevice && t.is_block_device())
+            || (self == Kind::Output && (t.is_fifo() || t.is_char_device()))
     }
 
     fn expected(self) -> &'static str {
         match self {
             Kind::Regular => "a regular file",
             Kind::RegularOrBlockDevice => "a regular file or a block device",
+            Kind::Output => "a regular file, a named pipe or a character device",
         }
     }
 }
@@ -135,6 +140,22 @@ pub fn create(path: &Path) -> Result<File, Error> {
         .open(path)?;
     check(&file, Kind::Regular)?;
     file.set_len(0)?;
+    Ok(file)
+}
+
+/// Opens `path` to append output to (a regular file is created if missing): never waiting,
+/// on a FIFO either (opened read-write, so that it needs no reader and a full pipe answers
+/// EAGAIN), and never a directory, socket or block device.
+pub fn open_output(path: &Path) -> Result<File, Error> {
+    let fifo = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo());
+    let mut options = OpenOptions::new();
+    options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC);
+    match fifo {
+        true => options.read(true).write(true),
+        false => options.append(true).create(true),
+    };
+    let file = options.open(path)?;
+    check(&file, Kind::Output)?;
     Ok(file)
 }
 

@@ -120,3 +120,33 @@ fn a_nonblocking_connect_reaches_a_listener_and_fails_cleanly_without_one() {
     assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn outputs_append_to_files_fifos_and_devices_and_refuse_the_rest() {
+    let dir = scratch("output");
+    let path = dir.join("out.log");
+    std::fs::write(&path, b"old\n").unwrap();
+    std::io::Write::write_all(&mut open_output(&path).unwrap(), b"new\n").unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"old\nnew\n", "appended");
+    let created = dir.join("fresh.log");
+    open_output(&created).unwrap();
+    assert!(created.exists());
+    // A FIFO with no reader opens at once, and a full one answers EAGAIN, not a wait.
+    let started = Instant::now();
+    let mut pipe = open_output(&fifo(&dir)).unwrap();
+    let chunk = [7u8; 4096];
+    let full = loop {
+        match std::io::Write::write(&mut pipe, &chunk) {
+            Ok(_) => assert!(started.elapsed() < Duration::from_secs(5)),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(full.kind(), std::io::ErrorKind::WouldBlock);
+    open_output(Path::new("/dev/null")).unwrap();
+    let e = open_output(&dir).unwrap_err();
+    assert!(
+        e.to_string().contains("Is a directory") || e.to_string().contains("a directory"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

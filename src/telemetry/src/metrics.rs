@@ -133,6 +133,7 @@ counters!(
     UartMetrics {
         missed_write_count,
         write_count,
+        rate_limiter_dropped_bytes,
     }
 );
 

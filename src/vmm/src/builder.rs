@@ -23,7 +23,7 @@ use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{
-    self, BootSourceConfig, DriveConfig, NetworkInterfaceConfig, RateLimiterConfig,
+    self, BootSourceConfig, DriveConfig, NetworkInterfaceConfig, RateLimiterConfig, SerialConfig,
 };
 use crate::event_loop::{ResetWatcher, Subscriber};
 use crate::memory::{self, GuestMemory};
@@ -89,6 +89,11 @@ pub enum BuildError {
     TooManyDevices,
     #[error("cannot copy the console's file descriptors: {0}")]
     Console(#[source] std::io::Error),
+    #[error("cannot open the serial output file {path}: {source}")]
+    SerialOutput {
+        path: String,
+        source: hostfile::Error,
+    },
     #[error("the snapshot's serial console state is not valid: {0}")]
     SerialState(#[source] std::io::Error),
     #[error("{0}")]
@@ -386,7 +391,7 @@ fn attach_devices(ctx: &Context, serial: Option<&SerialSnapshot>) -> Result<Atta
         &mut pio,
         &mut subscribers,
         &mut devices,
-        (ctx.host.console, serial),
+        (ctx.host.console, serial, ctx.resources.serial.as_ref()),
         ctx.host.exit,
         ctx.host.metrics,
     )?;
@@ -538,18 +543,38 @@ fn attach_legacy(
     pio: &mut Bus,
     subscribers: &mut Vec<Subscriber>,
     devices: &mut Devices,
-    (console, saved): (&Console, Option<&SerialSnapshot>),
+    (console, saved, serial_config): (&Console, Option<&SerialSnapshot>, Option<&SerialConfig>),
     exit: &Arc<ExitSignal>,
     metrics: &telemetry::Metrics,
 ) -> Result<Arc<Mutex<I8042>>, BuildError> {
     let serial_irq = eventfd()?;
     vm.register_irqfd(&serial_irq, SERIAL_IRQ)?;
-    let output = console.output.try_clone().map_err(BuildError::Console)?;
-    let output = SerialOutput::new(output, metrics.uart.clone());
-    let input = match &console.input {
-        Some(f) => Some(f.try_clone().map_err(BuildError::Console)?),
-        None => None,
+    // `PUT /serial` sends the output to a file (and the guest gets no input), as in
+    // Firecracker; otherwise it is ember's stdout and stdin.
+    let out_path = serial_config.and_then(|c| c.serial_out_path.as_ref());
+    let (output, input) = match out_path {
+        Some(path) => {
+            let file = hostfile::open_output(Path::new(path)).map_err(|source| {
+                BuildError::SerialOutput {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            (file, None)
+        }
+        None => {
+            let output = console.output.try_clone().map_err(BuildError::Console)?;
+            let input = match &console.input {
+                Some(f) => Some(f.try_clone().map_err(BuildError::Console)?),
+                None => None,
+            };
+            (output, input)
+        }
     };
+    let limit = serial_config
+        .and_then(|c| c.rate_limiter.as_ref())
+        .and_then(|b| b.spec());
+    let output = SerialOutput::new(output, metrics.uart.clone()).with_limit(limit);
     let serial = match saved {
         Some(saved) => Serial::restored(serial_irq, Box::new(output), input, saved)
             .map_err(BuildError::SerialState)?,

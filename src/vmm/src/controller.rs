@@ -325,6 +325,7 @@ impl Controller {
             | VmmAction::PutEntropy(_)
             | VmmAction::PutVsock(_)
             | VmmAction::PutCpuConfig(_)
+            | VmmAction::PutSerial(_)
             | VmmAction::PutBalloon(_)
             | VmmAction::PutLogger(_)
             | VmmAction::PutMetrics(_)
@@ -361,6 +362,7 @@ impl Controller {
             VmmAction::PutMmdsConfig(config) => self.configured(|r| r.set_mmds_config(config)),
             VmmAction::PutEntropy(config) => self.configured(|r| r.set_entropy(config)),
             VmmAction::PutVsock(config) => self.configured(|r| r.set_vsock(config)),
+            VmmAction::PutSerial(config) => self.configured(|r| r.set_serial(config)),
             VmmAction::PutCpuConfig(template) => self.configured(|r| {
                 r.set_cpu_template(template);
                 Ok(())
@@ -458,7 +460,9 @@ impl Controller {
     ) -> Result<(), ActionError> {
         let fail = |e: LoadError| ActionError::LoadSnapshot(e.into());
         let state = &prepared.state;
-        let resources = prepared.resources;
+        let mut resources = prepared.resources;
+        // `PUT /serial` is not part of a snapshot: what this process was given holds.
+        resources.serial = self.resources.serial.clone();
         let (mem, uffd_path) = match &prepared.memory {
             Memory::File(file) => (memory::from_file(file, &state.memory), None),
             Memory::Uffd(path) => (memory::create_regions(&state.memory), Some(path)),

@@ -6,7 +6,8 @@ use crate::config::{
     check_amount, parse_json, BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate,
     BootSourceConfig, ConfigError, CpuConfig, CpuTemplate, DriveConfig, EntropyDeviceConfig,
     LoggerConfig, MachineConfig, MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive,
-    PartialNetworkInterface, RateLimiterConfig, StaticCpuTemplate, VmConfig, VsockDeviceConfig,
+    PartialNetworkInterface, RateLimiterConfig, SerialConfig, StaticCpuTemplate, VmConfig,
+    VsockDeviceConfig,
 };
 
 use std::os::unix::net::UnixListener;
@@ -40,6 +41,8 @@ pub struct VmResources {
     /// The config file's `logger` and `metrics`, applied when ember starts.
     pub logger: Option<LoggerConfig>,
     pub metrics: Option<MetricsConfig>,
+    /// `PUT /serial`: where the console output goes instead of stdout, and its rate.
+    pub serial: Option<SerialConfig>,
     /// `--boot-timer`: when the ember process started, for the guest's boot-time report.
     pub boot_timer: Option<std::time::Instant>,
 }
@@ -132,6 +135,13 @@ impl VmResources {
             Some(_) => self.cpu_template = None,
         }
         self.machine_config = machine;
+        Ok(())
+    }
+
+    /// `PUT /serial`; the file is opened at `InstanceStart`.
+    pub fn set_serial(&mut self, config: SerialConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        self.serial = Some(config);
         Ok(())
     }
 

@@ -37,6 +37,7 @@ pub enum VmmAction {
     PutEntropy(EntropyDeviceConfig),
     PutVsock(VsockDeviceConfig),
     PutCpuConfig(crate::config::CpuTemplate),
+    PutSerial(crate::config::SerialConfig),
     PutBalloon(BalloonDeviceConfig),
     PatchBalloon(BalloonUpdate),
     PatchBalloonStats(BalloonStatsUpdate),

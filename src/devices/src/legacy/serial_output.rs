@@ -1,7 +1,9 @@
-//! Where the guest's console bytes go: ember's stdout. The guest decides how much it writes,
-//! so a stdout that fails (closed, or a broken pipe) must not turn each byte into a log line:
-//! bytes that cannot be written are dropped and counted (`uart.missed_write_count`), and the
-//! failure is logged once, then at most once a minute with the count since.
+//! Where the guest's console bytes go: ember's stdout, or the file `PUT /serial` names. The
+//! guest decides how much it writes, so a destination that fails (closed, a broken or full
+//! pipe) must not turn each byte into a log line: bytes that cannot be written are dropped and
+//! counted (`uart.missed_write_count`), and the failure is logged once, then at most once a
+//! minute with the count since. With a rate limiter, bytes over its rate are dropped and
+//! counted too (`uart.rate_limiter_dropped_bytes`), as Firecracker does.
 
 use std::io::{self, Write};
 use std::sync::Arc;
@@ -9,12 +11,16 @@ use std::sync::Arc;
 use telemetry::metrics::UartMetrics;
 use telemetry::Sparse;
 
+use crate::rate_limiter::{BucketSpec, TokenBucket};
+
 pub struct SerialOutput<W> {
     out: W,
     metrics: Arc<UartMetrics>,
     log: Sparse,
     /// Bytes dropped since the last line about it.
     unlogged: u64,
+    /// Bytes per second the guest may write, and the clock the bucket counts on.
+    limit: Option<(TokenBucket, std::time::Instant)>,
 }
 
 impl<W> std::fmt::Debug for SerialOutput<W> {
@@ -32,7 +38,26 @@ impl<W: Write> SerialOutput<W> {
             metrics,
             log: Sparse::per_minute(),
             unlogged: 0,
+            limit: None,
         }
+    }
+
+    /// Bounds the bytes written by `bucket` (None: no bound).
+    pub fn with_limit(mut self, bucket: Option<BucketSpec>) -> Self {
+        let epoch = std::time::Instant::now();
+        self.limit = bucket
+            .and_then(|b| TokenBucket::new(b, 0))
+            .map(|b| (b, epoch));
+        self
+    }
+
+    /// False if the limiter has no room for `bytes` now.
+    fn admitted(&mut self, bytes: usize) -> bool {
+        let Some((bucket, epoch)) = &mut self.limit else {
+            return true;
+        };
+        let now = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        bucket.reduce(bytes as u64, now)
     }
 
     fn dropped(&mut self, bytes: usize, e: &io::Error) {
@@ -56,6 +81,12 @@ impl<W: Write> SerialOutput<W> {
 
 impl<W: Write> Write for SerialOutput<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if !self.admitted(buf.len()) {
+            self.metrics
+                .rate_limiter_dropped_bytes
+                .add(buf.len() as u64);
+            return Ok(buf.len());
+        }
         match self.out.write(buf) {
             Ok(n) => {
                 self.metrics.write_count.add(n as u64);

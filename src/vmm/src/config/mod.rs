@@ -12,6 +12,7 @@ mod machine;
 mod mmds;
 mod net;
 mod rate_limiter;
+mod serial;
 mod telemetry;
 mod vsock;
 
@@ -27,6 +28,7 @@ pub use machine::{HugePages, MachineConfig, MachineConfigUpdate, MAX_VCPUS};
 pub use mmds::{MmdsConfig, MmdsVersion};
 pub use net::{MacAddr, NetworkInterfaceConfig, PartialNetworkInterface};
 pub use rate_limiter::{RateLimiterConfig, TokenBucketConfig};
+pub use serial::SerialConfig;
 pub use telemetry::{LogLevel, LoggerConfig, MetricsConfig};
 pub use vsock::VsockDeviceConfig;
 

@@ -29,7 +29,7 @@ impl TokenBucketConfig {
     /// A bucket of size 0 limits nothing, as in Firecracker. A bucket with tokens but a
     /// refill time of 0 would refill infinitely fast: Firecracker silently drops that limit,
     /// Ember refuses it, since it cannot be what the caller meant.
-    fn validate(&self, what: &'static str) -> Result<(), ConfigError> {
+    pub fn validate(&self, what: &'static str) -> Result<(), ConfigError> {
         if self.size > 0 && self.refill_time == 0 {
             return Err(ConfigError::RefillTime {
                 what,
@@ -39,7 +39,8 @@ impl TokenBucketConfig {
         Ok(())
     }
 
-    fn spec(&self) -> Option<BucketSpec> {
+    /// The bucket, or None for one that limits nothing.
+    pub fn spec(&self) -> Option<BucketSpec> {
         (self.size > 0 && self.refill_time > 0).then_some(BucketSpec {
             size: self.size,
             one_time_burst: self.one_time_burst.unwrap_or(0),

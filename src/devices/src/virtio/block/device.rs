@@ -305,15 +305,20 @@ impl Block {
             }
             used_any = true;
         }
-        if let Some(ring) = &mut self.ring {
-            if let Err(e) = ring.submit() {
-                log::error!("block {}: cannot submit to io_uring: {e}", self.id);
-            }
-        }
         if used_any {
             let _ = active.irq.trigger(InterruptKind::Queue);
         }
         self.active = Some(active);
+        if let Some(ring) = &mut self.ring {
+            if let Err(e) = ring.submit() {
+                log::error!("block {}: cannot submit to io_uring: {e}", self.id);
+            }
+            // What the kernel finished during the submission (data in the page cache) is
+            // answered now, not one event-loop turn later.
+            let done = ring.completions();
+            used_any |= !done.is_empty();
+            self.complete(done);
+        }
         used_any
     }
 
