@@ -251,6 +251,12 @@ impl ApiServer {
     /// Watches a new connection; its descriptor, or None if it could not be watched.
     fn add(&mut self, stream: UnixStream) -> Option<RawFd> {
         if self.connections.len() >= MAX_CONNECTIONS {
+            // Connections whose clients have written or closed since the last turn are
+            // served first: a closed one frees its place, and a request waiting to be read
+            // is answered rather than thrown away with its connection.
+            self.serve_waiting();
+        }
+        if self.connections.len() >= MAX_CONNECTIONS {
             // The quietest connection gives its place to the newcomer.
             let quietest = self.connections.iter().min_by_key(|(_, c)| c.active);
             if let Some((&fd, _)) = quietest {
@@ -283,6 +289,22 @@ impl ApiServer {
             },
         );
         Some(fd)
+    }
+
+    /// Serves every connection epoll reports ready now (the listener is left for the turn
+    /// that is accepting). Readiness is level-triggered, so nothing reported here is lost
+    /// to the main loop.
+    fn serve_waiting(&mut self) {
+        let mut events = vec![EpollEvent::default(); MAX_CONNECTIONS + 1];
+        let Ok(n) = self.epoll.wait(0, &mut events) else {
+            return;
+        };
+        for event in &events[..n] {
+            if event.data() != LISTENER {
+                // A VMM thread that is gone is seen again by the main loop's next serve.
+                let _ = self.serve(event.data() as RawFd);
+            }
+        }
     }
 
     /// Serves one connection as far as it can go now; false if the VMM thread is gone.

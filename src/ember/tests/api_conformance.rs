@@ -585,7 +585,6 @@ fn unknown_paths_wrong_methods_and_later_features() {
         ("PATCH", "/balloon/hinting/start", "free page hinting"),
         ("PUT", "/pmem/p0", "virtio-pmem"),
         ("GET", "/hotplug/memory", "memory hotplug"),
-        ("PUT", "/serial", "serial console"),
     ] {
         let body = (method != "GET").then_some("{}");
         let r = c.request(method, path, body).expect(400, feature);

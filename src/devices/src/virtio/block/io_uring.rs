@@ -77,6 +77,8 @@ impl<T> Ring<T> {
         let ring = IoUring::builder().setup_r_disabled().build(depth)?;
         let completions = EventFd::new(libc::EFD_NONBLOCK)?;
         let submitter = ring.submitter();
+        // Every completion signals the eventfd (IORING_REGISTER_EVENTFD_ASYNC would leave
+        // out those posted from this thread's task work, which nothing would then notice).
         submitter.register_eventfd(completions.as_raw_fd())?;
         submitter.register_restrictions(&mut [
             Restriction::sqe_op(opcode::Readv::CODE),
