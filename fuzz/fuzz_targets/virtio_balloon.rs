@@ -10,6 +10,7 @@ fuzz_target!(|data: &[u8]| {
         amount_mib: 1,
         deflate_on_oom: true,
         stats_polling_interval_s: 1,
+        free_page_reporting: true,
         metrics: Arc::new(Default::default()),
     })
     .unwrap();
@@ -17,4 +18,5 @@ fuzz_target!(|data: &[u8]| {
     dev.process_pfns(0);
     dev.process_pfns(1);
     dev.process_stats();
+    dev.process_reports();
 });

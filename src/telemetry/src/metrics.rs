@@ -77,6 +77,9 @@ counters!(
         stats_update_fails,
         event_fails,
         invalid_reqs_count,
+        free_page_report_count,
+        free_page_report_freed,
+        free_page_report_fails,
     }
 );
 

@@ -474,6 +474,7 @@ fn attach_devices(ctx: &Context, serial: Option<&SerialSnapshot>) -> Result<Atta
             amount_mib: b.amount_mib,
             deflate_on_oom: b.deflate_on_oom,
             stats_polling_interval_s: b.stats_polling_interval_s,
+            free_page_reporting: b.free_page_reporting,
             metrics: metrics.balloon.clone(),
         };
         let balloon = Balloon::new(&config).map_err(BuildError::EventFd)?;

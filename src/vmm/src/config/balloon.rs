@@ -35,9 +35,9 @@ pub struct BalloonStatsUpdate {
 impl BalloonDeviceConfig {
     /// The target fits in guest RAM, and no feature Ember lacks is asked for.
     pub fn validate(&self, mem_size_mib: usize) -> Result<(), ConfigError> {
-        if self.free_page_hinting || self.free_page_reporting {
+        if self.free_page_hinting {
             return Err(ConfigError::Unsupported(
-                "free page hinting and reporting on the balloon",
+                "free page hinting on the balloon (free_page_hinting)",
             ));
         }
         check_amount(self.amount_mib, mem_size_mib)

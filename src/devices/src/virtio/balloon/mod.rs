@@ -3,8 +3,10 @@
 //! (`madvise(MADV_DONTNEED)` on the guest RAM mapping: the host frees them, and a later guest
 //! access gets a zero page). Pages leaving through the deflate queue need nothing. With a
 //! polling interval, the statistics queue's one buffer is handed back to the driver each
-//! interval, and what it returns with is the guest's memory statistics. Runs on the VMM
-//! thread.
+//! interval, and what it returns with is the guest's memory statistics. With free page
+//! reporting (VIRTIO_BALLOON_F_REPORTING), the driver hands over ranges of memory the guest
+//! has free, and they go back to the host the same way, until the guest uses them again.
+//! Runs on the VMM thread.
 
 mod stats;
 
@@ -35,9 +37,13 @@ const PAGES_PER_MIB: u32 = 256;
 const MAX_PFNS_PER_DESC: u32 = 4096;
 const F_STATS_VQ: u64 = 1;
 const F_DEFLATE_ON_OOM: u64 = 2;
+const F_REPORTING: u64 = 5;
 const INFLATE: usize = 0;
 const DEFLATE: usize = 1;
 const STATS: usize = 2;
+/// Largest free range one reporting descriptor may name: Linux reports blocks of at most
+/// its largest buddy order (4 MiB); more bounds the work one descriptor causes.
+const MAX_REPORTED_RANGE: u32 = 64 << 20;
 
 /// What the builder needs to make the balloon.
 #[derive(Debug, Clone)]
@@ -46,6 +52,8 @@ pub struct BalloonConfig {
     pub deflate_on_oom: bool,
     /// 0: no statistics queue.
     pub stats_polling_interval_s: u16,
+    /// Offer free page reporting (a queue after the statistics queue, if any).
+    pub free_page_reporting: bool,
     pub metrics: Arc<BalloonMetrics>,
 }
 
@@ -69,6 +77,8 @@ pub struct Balloon {
     /// The statistics buffer the driver left with the device, to hand back at the next tick.
     stats_head: Option<u16>,
     stats: BalloonStats,
+    /// The reporting queue's index, when offered.
+    reporting: Option<usize>,
     active: Option<Active>,
     metrics: Arc<BalloonMetrics>,
 }
@@ -112,6 +122,12 @@ impl Balloon {
         if config.deflate_on_oom {
             avail_features |= 1 << F_DEFLATE_ON_OOM;
         }
+        let mut reporting = None;
+        if config.free_page_reporting {
+            avail_features |= 1 << F_REPORTING;
+            reporting = Some(queues);
+            queues += 1;
+        }
         Ok(Balloon {
             avail_features,
             acked_features: 0,
@@ -125,6 +141,7 @@ impl Balloon {
             stats_timer: TimerFd::new().map_err(std::io::Error::from)?,
             stats_head: None,
             stats: BalloonStats::default(),
+            reporting,
             active: None,
             metrics: config.metrics.clone(),
         })
@@ -231,6 +248,40 @@ impl Balloon {
         }
     }
 
+    /// Serves the reporting queue: every device-writable buffer names a free guest range
+    /// (page-aligned, in guest RAM), which goes back to the host; each chain is returned.
+    pub fn process_reports(&mut self) -> bool {
+        let (Some(queue), Some(mut active)) = (self.reporting, self.active.take()) else {
+            return false;
+        };
+        let mut used_any = false;
+        while let Some(chain) = active.queues[queue].pop_descriptor_chain(&active.mem) {
+            let head = chain.head_index();
+            for desc in chain {
+                let aligned = desc.addr().0 % 4096 == 0 && desc.len() % 4096 == 0;
+                let ok = desc.is_write_only()
+                    && aligned
+                    && desc.len() <= MAX_REPORTED_RANGE
+                    && discard(&active.mem, desc.addr(), u64::from(desc.len()));
+                self.metrics.free_page_report_count.inc();
+                match ok {
+                    true => self
+                        .metrics
+                        .free_page_report_freed
+                        .add(u64::from(desc.len())),
+                    false => self.metrics.free_page_report_fails.inc(),
+                }
+            }
+            let _ = active.queues[queue].add_used(&active.mem, head, 0);
+            used_any = true;
+        }
+        if used_any {
+            let _ = active.irq.trigger(InterruptKind::Queue);
+        }
+        self.active = Some(active);
+        used_any
+    }
+
     /// The driver (re)posted its statistics buffer: read it, keep it until the next tick.
     pub fn process_stats(&mut self) {
         let Some(mut active) = self.active.take() else {
@@ -281,7 +332,7 @@ impl VirtioDevice for Balloon {
     }
 
     fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE; 3][..self.queue_events.len()]
+        &[QUEUE_SIZE; 4][..self.queue_events.len()]
     }
 
     fn queue_events(&self) -> &[EventFd] {
@@ -396,6 +447,9 @@ impl MutEventSubscriber for Balloon {
         match queue {
             INFLATE | DEFLATE => {
                 self.process_pfns(queue);
+            }
+            q if Some(q) == self.reporting => {
+                self.process_reports();
             }
             _ => self.process_stats(),
         }

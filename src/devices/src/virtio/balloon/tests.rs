@@ -15,6 +15,8 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{Balloon, BalloonConfig, DEFLATE, INFLATE, STATS};
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
+const NEXT: u16 = 1;
+const WRITE: u16 = 2;
 const PFNS: u64 = 0x10_0000;
 const PAGES: u64 = 0x40_0000;
 const MEM_SIZE: usize = 8 << 20;
@@ -33,6 +35,7 @@ fn balloon(stats: u16) -> (Balloon, Arc<BalloonMetrics>) {
         amount_mib: 4,
         deflate_on_oom: true,
         stats_polling_interval_s: stats,
+        free_page_reporting: false,
         metrics: metrics.clone(),
     })
     .unwrap();
@@ -166,4 +169,64 @@ fn statistics_come_from_the_drivers_buffer() {
     assert_eq!(used, 1);
     let json = serde_json::to_value(&stats).unwrap();
     assert!(json.get("swap_in").is_none() && json["total_memory"] == 8 << 20);
+}
+
+#[test]
+fn reported_free_ranges_go_back_to_the_host_and_bad_ones_are_counted() {
+    let mem = memory();
+    let metrics = Arc::new(BalloonMetrics::default());
+    let mut b = Balloon::new(&BalloonConfig {
+        amount_mib: 0,
+        deflate_on_oom: false,
+        stats_polling_interval_s: 1,
+        free_page_reporting: true,
+        metrics: metrics.clone(),
+    })
+    .unwrap();
+    assert_ne!(b.avail_features() & (1 << super::F_REPORTING), 0);
+    assert_eq!(
+        b.queue_events().len(),
+        4,
+        "inflate, deflate, statistics, reporting"
+    );
+    let mqs = activate(&mut b, &mem);
+    let reporting = &mqs[3];
+    for page in 0..4u64 {
+        mem.write_obj(0xabu8, GuestAddress(PAGES + page * 4096))
+            .unwrap();
+    }
+    // One chain: a 2-page free range (device-writable, as Linux posts them), a range that is
+    // not page-aligned, one past guest memory, and one the device may only read.
+    let ranges = [
+        (PAGES, 8192, WRITE),
+        (PAGES + 2 * 4096 + 512, 4096, WRITE),
+        (MEM_SIZE as u64, 4096, WRITE),
+        (PAGES + 3 * 4096, 4096, 0),
+    ];
+    for (i, &(addr, len, flags)) in ranges.iter().enumerate() {
+        let next = if i + 1 < ranges.len() { NEXT } else { 0 };
+        let d = Descriptor::new(addr, len, flags | next, i as u16 + 1);
+        reporting
+            .desc_table()
+            .store(i as u16, RawDescriptor::from(d))
+            .unwrap();
+    }
+    reporting.avail().ring().ref_at(0).unwrap().store(0);
+    reporting.avail().idx().store(1);
+    assert!(b.process_reports());
+    for page in 0..2u64 {
+        let byte: u8 = mem.read_obj(GuestAddress(PAGES + page * 4096)).unwrap();
+        assert_eq!(byte, 0, "reported page {page} went back to the host");
+    }
+    for page in 2..4u64 {
+        let byte: u8 = mem.read_obj(GuestAddress(PAGES + page * 4096)).unwrap();
+        assert_eq!(byte, 0xab, "page {page} was not validly reported");
+    }
+    assert_eq!(metrics.free_page_report_count.total(), 4);
+    assert_eq!(metrics.free_page_report_freed.total(), 8192);
+    assert_eq!(metrics.free_page_report_fails.total(), 3);
+    assert_eq!(
+        crate::virtio::test_utils::used(&mem, reporting),
+        vec![(0, 0)]
+    );
 }
