@@ -155,6 +155,22 @@ fn disk_len(disk: &mut File, path: &Path) -> Result<u64, Error> {
     Ok(len - len % SECTOR_SIZE)
 }
 
+/// Counts a request that succeeded, whichever engine did it.
+fn count_done(m: &BlockMetrics, kind: RequestType, bytes: u64) {
+    match kind {
+        RequestType::In => {
+            m.read_count.inc();
+            m.read_bytes.add(bytes);
+        }
+        RequestType::Out => {
+            m.write_count.inc();
+            m.write_bytes.add(bytes);
+        }
+        RequestType::Flush => m.flush_count.inc(),
+        _ => {}
+    }
+}
+
 impl std::fmt::Debug for Block {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Block")
@@ -388,17 +404,7 @@ impl Block {
             let m = &self.metrics;
             let status = match result {
                 Ok(()) => {
-                    match p.kind {
-                        RequestType::In => {
-                            m.read_count.inc();
-                            m.read_bytes.add(p.bytes);
-                        }
-                        RequestType::Out => {
-                            m.write_count.inc();
-                            m.write_bytes.add(p.bytes);
-                        }
-                        _ => m.flush_count.inc(),
-                    }
+                    count_done(m, p.kind, p.bytes);
                     VIRTIO_BLK_S_OK
                 }
                 Err(errno) => {
@@ -443,19 +449,7 @@ impl Block {
     fn answer(&self, mem: &GuestMemory, request: &Request, done: Result<u32, u32>) -> u32 {
         let (status, written) = match done {
             Ok(written) => {
-                let m = &self.metrics;
-                match request.kind {
-                    RequestType::In => {
-                        m.read_count.inc();
-                        m.read_bytes.add(request.data_len());
-                    }
-                    RequestType::Out => {
-                        m.write_count.inc();
-                        m.write_bytes.add(request.data_len());
-                    }
-                    RequestType::Flush => m.flush_count.inc(),
-                    _ => {}
-                }
+                count_done(&self.metrics, request.kind, request.data_len());
                 (VIRTIO_BLK_S_OK, written)
             }
             Err(status) => {
