@@ -119,6 +119,13 @@ blk = queue_seed([(0x8000, 16, 1, 1), (0x8100, 512, 3, 2), (0x8400, 1, 2, 0),
 seed("virtio_block", "read-write", b"\x02" + blk)
 seed("virtio_rng", "two", queue_seed([(0x8000, 64, 2, 0), (0x8100, 4096, 2, 0)], [0, 1], []))
 seed("virtio_balloon", "inflate", queue_seed([(0x8000, 16, 0, 0)], [0], [(0x8000, struct.pack("<4I", 1, 2, 3, 300))]))
+# Free page hinting (queue 3, at 0x3000): the run's ID 2, a 4 KiB block at 0x10000, STOP.
+mem = bytearray(0x9000)
+for i, (addr, length, flags) in enumerate([(0x8000, 4, 0), (0x10000, 4096, 2), (0x8004, 4, 0)]):
+    struct.pack_into("<QIHH", mem, 0x3000 + i * 16, addr, length, flags, 0)
+struct.pack_into("<HHHHH", mem, 0x3100, 0, 3, 0, 1, 2)
+struct.pack_into("<II", mem, 0x8000, 2, 0)
+seed("virtio_balloon", "hinting", bytes(mem))
 hdr = struct.pack("<QQIIIHHIII", 3, 2, 1024, 5000, 0, 1, 1, 0, 65536, 0)
 seed("virtio_vsock", "request", queue_seed([(0x8000, len(hdr), 0, 0)], [0], [(0x8000, hdr)]))
 vnet = b"\0" * 12

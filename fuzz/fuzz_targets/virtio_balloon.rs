@@ -10,7 +10,9 @@ fuzz_target!(|data: &[u8]| {
         amount_mib: 1,
         deflate_on_oom: true,
         stats_polling_interval_s: 1,
+        free_page_hinting: true,
         free_page_reporting: true,
+        host_page_size: 4096,
         metrics: Arc::new(Default::default()),
     })
     .unwrap();
@@ -19,4 +21,7 @@ fuzz_target!(|data: &[u8]| {
     dev.process_pfns(1);
     dev.process_stats();
     dev.process_reports();
+    // Within a run (ID 2): the queue's blocks are given back after the driver's ID 2.
+    let _ = dev.start_hinting(Default::default());
+    dev.process_hints();
 });

@@ -21,6 +21,7 @@ pub fn to_response(result: &ActionResult) -> Response {
         Ok(VmmData::Mmds(v)) => json(serde_json::to_string(v)),
         Ok(VmmData::Balloon(b)) => json(serde_json::to_string(b)),
         Ok(VmmData::BalloonStats(s)) => json(serde_json::to_string(s)),
+        Ok(VmmData::HintingStatus(s)) => json(serde_json::to_string(s)),
         // Firecracker's status for a data store that would grow past its limit.
         Err(e @ ActionError::Mmds(mmds::StoreError::TooLarge { .. })) => {
             Response::fault(413, &e.to_string())

@@ -41,6 +41,7 @@ enum Route {
     SnapshotLoad,
     Balloon,
     BalloonStats,
+    BalloonHinting(Hinting),
     Actions,
     Logger,
     Metrics,
@@ -71,8 +72,8 @@ impl Route {
             (Route::VmState, _) => &["PATCH"],
             (Route::Balloon, _) | (_, ["hotplug", "memory"]) => &["GET", "PUT", "PATCH"],
             (Route::BalloonStats, _) => &["GET", "PATCH"],
-            (_, ["balloon", "hinting", "status"]) => &["GET"],
-            (_, ["balloon", "hinting", _]) => &["PATCH"],
+            (Route::BalloonHinting(Hinting::Status), _) => &["GET"],
+            (Route::BalloonHinting(_), _) => &["PATCH"],
             (_, ["pmem", _]) => &["PUT", "PATCH"],
             _ => &["PUT"],
         }
@@ -99,9 +100,9 @@ fn route(path: &[&str]) -> Option<Route> {
         ["entropy"] => Entropy,
         ["balloon"] => Balloon,
         ["balloon", "statistics"] => BalloonStats,
-        ["balloon", "hinting", "start" | "status" | "stop"] => {
-            Unsupported("free page hinting on the balloon (/balloon/hinting)")
-        }
+        ["balloon", "hinting", "start"] => BalloonHinting(Hinting::Start),
+        ["balloon", "hinting", "status"] => BalloonHinting(Hinting::Status),
+        ["balloon", "hinting", "stop"] => BalloonHinting(Hinting::Stop),
         ["logger"] => Logger,
         ["metrics"] => Metrics,
         ["snapshot", "create"] => SnapshotCreate,
@@ -112,6 +113,14 @@ fn route(path: &[&str]) -> Option<Route> {
         ["serial"] => Serial,
         _ => return None,
     })
+}
+
+/// `/balloon/hinting/{start,status,stop}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hinting {
+    Start,
+    Status,
+    Stop,
 }
 
 /// `PUT /actions`.
@@ -196,11 +205,13 @@ pub fn parse(req: &Request) -> Routed {
             Response::fault(405, &invalid_path(req)).with_header("Allow", methods.join(", ")),
         );
     }
-    // Firecracker's rules for bodies: none on GET, one on PUT and PATCH.
+    // Firecracker's rules for bodies: none on GET, one on PUT and PATCH (but for the
+    // balloon's hinting runs, whose body is optional).
+    let optional = matches!(route, Route::BalloonHinting(_));
     match (req.method.as_str(), req.body.is_empty()) {
         ("GET", false) => return Routed::Answer(bad_request("GET request cannot have a body.")),
         ("PUT", true) => return Routed::Answer(bad_request("Empty PUT request.")),
-        ("PATCH", true) => return Routed::Answer(bad_request("Empty PATCH request.")),
+        ("PATCH", true) if !optional => return Routed::Answer(bad_request("Empty PATCH request.")),
         _ => {}
     }
     match parse_route(req, route, &segments) {
@@ -264,6 +275,15 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::Balloon, _) => VmmAction::PatchBalloon(body(req, "balloon")?),
         (Route::BalloonStats, "GET") => VmmAction::GetBalloonStats,
         (Route::BalloonStats, _) => VmmAction::PatchBalloonStats(body(req, "balloon")?),
+        // The body is optional, as in Firecracker: none acknowledges the run's end.
+        (Route::BalloonHinting(Hinting::Start), _) if req.body.is_empty() => {
+            VmmAction::StartBalloonHinting(Default::default())
+        }
+        (Route::BalloonHinting(Hinting::Start), _) => {
+            VmmAction::StartBalloonHinting(body(req, "balloon")?)
+        }
+        (Route::BalloonHinting(Hinting::Status), _) => VmmAction::GetBalloonHinting,
+        (Route::BalloonHinting(Hinting::Stop), _) => VmmAction::StopBalloonHinting,
         (Route::Logger, _) => VmmAction::PutLogger(body::<LoggerConfig>(req, "logger")?),
         (Route::Metrics, _) => VmmAction::PutMetrics(body::<MetricsConfig>(req, "metrics")?),
         (Route::Actions, _) => {

@@ -25,6 +25,11 @@ struct Case {
 
 const POST_BOOT: &str = "The requested operation is not supported after starting the microVM.";
 const PRE_BOOT: &str = "The requested operation is not supported before starting the microVM.";
+const HINTING: [(&str, &str); 3] = [
+    ("PATCH", "/balloon/hinting/start"),
+    ("GET", "/balloon/hinting/status"),
+    ("PATCH", "/balloon/hinting/stop"),
+];
 
 fn cases(kernel: &str, disk: &str, log: &str, metrics: &str) -> Vec<Case> {
     let vsock = log.replace("ember.log", "v.sock");
@@ -398,6 +403,11 @@ fn every_path_with_a_body_before_and_after_boot() {
     assert_eq!(c.get("/balloon").expect(200, "").json(), balloon);
     assert_eq!(config["drives"][0]["path_on_host"], disk.as_str());
 
+    // Hinting runs are for a running balloon.
+    for (method, path) in HINTING {
+        c.request(method, path, None).expect(400, PRE_BOOT);
+    }
+
     c.instance_start();
     ember.wait_for("guest: hanging", std::time::Duration::from_secs(30));
 
@@ -420,6 +430,16 @@ fn every_path_with_a_body_before_and_after_boot() {
     );
     c.patch("/balloon", &json!({"amount_mib": 100_000}))
         .expect(400, "more than the guest's memory");
+    // This balloon was configured without free page hinting; a bad start body is refused
+    // before that is even looked at.
+    for (method, path) in HINTING {
+        c.request(method, path, None)
+            .expect(400, "free page hinting is not enabled on the balloon");
+    }
+    c.patch("/balloon/hinting/start", &json!({"acknowledge_on_stop": 1}))
+        .expect(400, "balloon.acknowledge_on_stop: invalid type");
+    c.patch("/balloon/hinting/start", &json!({"ack": true}))
+        .expect(400, "unknown field `ack`");
     c.patch(
         "/balloon/statistics",
         &json!({"stats_polling_interval_s": 0}),
@@ -582,7 +602,6 @@ fn unknown_paths_wrong_methods_and_later_features() {
     }
     // Paths of features Ember does not have yet: 400 naming the feature.
     for (method, path, feature) in [
-        ("PATCH", "/balloon/hinting/start", "free page hinting"),
         ("PUT", "/pmem/p0", "virtio-pmem"),
         ("GET", "/hotplug/memory", "memory hotplug"),
     ] {
@@ -611,7 +630,7 @@ fn the_same_mistake_gets_the_same_sentence_from_the_api_and_a_config_file() {
         ),
         (
             "machine-config",
-            json!({"vcpu_count": 1, "mem_size_mib": 64, "huge_pages": "2M"}),
+            json!({"vcpu_count": 1, "mem_size_mib": 65, "huge_pages": "2M"}),
         ),
         (
             "boot-source",

@@ -255,8 +255,9 @@ fn every_get_answers_with_the_keys_of_firecrackers_api_file() {
         let problems = shapes.check(&value, &definition, &path);
         assert!(problems.is_empty(), "{problems:#?}\n{value:#}");
     }
-    // Before boot, these have nothing to show; /balloon/statistics' shape is checked after
-    // boot (api_conformance), the other two are features Ember does not have.
+    // Before boot, these have nothing to show: the balloon's statistics and hinting status
+    // are checked after boot (api_conformance, linux_balloon); memory hotplug is a device
+    // Ember does not have.
     assert_eq!(
         answered,
         [

@@ -6,12 +6,38 @@ mod common;
 
 use std::fs::File;
 use std::os::unix::net::UnixListener;
+use std::path::Path;
 use std::time::Duration;
 
 use common::snapshot::*;
 use common::*;
 use serde_json::json;
+use vmm::snapshot::uffd::RegionMapping;
 use vmm::snapshot::uffd_handler::Handler;
+
+type Served = std::thread::JoinHandle<(Vec<RegionMapping>, u64)>;
+
+/// A page-fault handler serving `mem` at a socket in `s`, on a thread that ends with ember
+/// (returning the regions ember sent and the pages it copied), and the load request that
+/// restores `state` through it.
+fn serve_memory_file(s: &Scratch, mem: &Path, state: &Path) -> (Served, serde_json::Value) {
+    let sock = s.path("uffd.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let memory_file = File::open(mem).unwrap();
+    let handler = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let mut handler = Handler::accept(&stream, &memory_file).unwrap();
+        let regions = handler.regions().to_vec();
+        handler.serve().unwrap();
+        (regions, handler.pages_copied)
+    });
+    let body = json!({
+        "snapshot_path": state,
+        "mem_backend": {"backend_type": "Uffd", "backend_path": sock},
+        "resume_vm": true,
+    });
+    (handler, body)
+}
 
 #[test]
 fn a_guest_restored_through_a_page_fault_handler_counts_on() {
@@ -24,24 +50,9 @@ fn a_guest_restored_through_a_page_fault_handler_counts_on() {
         state, mem, last, ..
     } = boot_and_snapshot(&s, &machine);
 
-    let sock = s.path("uffd.sock");
-    let listener = UnixListener::bind(&sock).unwrap();
-    let memory_file = File::open(&mem).unwrap();
-    let handler = std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        let mut handler = Handler::accept(&stream, &memory_file).unwrap();
-        let regions = handler.regions().to_vec();
-        handler.serve().unwrap();
-        (regions, handler.pages_copied)
-    });
-
+    let (handler, body) = serve_memory_file(&s, &mem, &state);
     let mut b = ember_named(&s, "b");
     let mut c = b.client();
-    let body = json!({
-        "snapshot_path": state,
-        "mem_backend": {"backend_type": "Uffd", "backend_path": sock},
-        "resume_vm": true,
-    });
     c.put("/snapshot/load", &body).expect(204, "");
     wait_tick(&b, last + 3, Duration::from_secs(30));
     assert_eq!(ticks(&b)[0], last + 1);
@@ -50,7 +61,10 @@ fn a_guest_restored_through_a_page_fault_handler_counts_on() {
     let (regions, pages) = handler.join().unwrap();
     assert_eq!(regions.len(), 1);
     assert_eq!(regions[0].size, 128 << 20);
-    assert_eq!(regions[0].page_size, 4096);
+    assert_eq!(
+        (regions[0].page_size, regions[0].page_size_kib),
+        (4096, 4096)
+    );
     eprintln!("the handler copied {pages} pages of 32768");
     assert!(pages > 0 && pages < 32768 / 4, "{pages} pages");
 
@@ -59,4 +73,51 @@ fn a_guest_restored_through_a_page_fault_handler_counts_on() {
     let mut c = c2.client();
     c.put("/snapshot/load", &body)
         .expect(400, "cannot reach the page-fault handler");
+}
+
+#[test]
+fn a_guest_on_huge_pages_restores_through_a_page_fault_handler_only() {
+    let test = "a_guest_on_huge_pages_restores_through_a_page_fault_handler_only";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(_pool) = huge_pages::huge_pages_or_skip(test, 64) else {
+        return;
+    };
+    let s = Scratch::new("snapshot-uffd-huge");
+    let machine = json!({"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "2M"});
+    let Snapshotted {
+        state, mem, last, ..
+    } = boot_and_snapshot(&s, &machine);
+
+    // A private mapping of the file cannot be hugetlbfs: Firecracker's refusal.
+    let b = ember_named(&s, "b");
+    let mut c = b.client();
+    c.put("/snapshot/load", &load_body(&state, &mem, true))
+        .expect(
+            400,
+            "Cannot restore hugetlbfs backed snapshot by mapping the memory file. Please use uffd.",
+        );
+    drop(b);
+
+    let (handler, body) = serve_memory_file(&s, &mem, &state);
+    let mut b = ember_named(&s, "c");
+    let mut c = b.client();
+    c.put("/snapshot/load", &body).expect(204, "");
+    wait_tick(&b, last + 3, Duration::from_secs(30));
+    assert_eq!(ticks(&b)[0], last + 1);
+    assert_eq!(huge_pages::huge_mapped_kib(b.child.id()), 128 << 10);
+    assert_eq!(c.get("/machine-config").json()["huge_pages"], "2M");
+    assert_eq!(b.terminate(), Some(128 + libc::SIGTERM));
+
+    // The handler was told 2 MiB pages (in both fields, as Firecracker tells it) and filled
+    // whole ones.
+    let (regions, pages) = handler.join().unwrap();
+    assert_eq!(regions.len(), 1);
+    assert_eq!(
+        (regions[0].page_size, regions[0].page_size_kib),
+        (2 << 20, 2 << 20)
+    );
+    eprintln!("the handler copied {pages} huge pages of 64");
+    assert!(pages > 0 && pages <= 64, "{pages} pages");
 }

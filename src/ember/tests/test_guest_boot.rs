@@ -341,3 +341,54 @@ fn static_cpu_templates_are_checked_against_the_host_cpu() {
         assert_eq!(run.status, Some(1), "{template}");
     }
 }
+
+#[test]
+fn a_guest_on_huge_pages_runs_on_2_mib_pages_reserved_at_its_start() {
+    let test = "a_guest_on_huge_pages_runs_on_2_mib_pages_reserved_at_its_start";
+    if !kvm_or_skip(test) {
+        return;
+    }
+    let Some(pool) = huge_pages::huge_pages_or_skip(test, 64) else {
+        return;
+    };
+    let boot =
+        json!({"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 ticks"});
+    let s = Scratch::new("huge-pages");
+
+    // More than the pool holds: refused at InstanceStart with what the pool has.
+    let available = pool.available();
+    let too_many = (available + 1) * 2;
+    let ember = api::Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let machine = json!({"vcpu_count": 1, "mem_size_mib": too_many, "huge_pages": "2M"});
+    c.configure(&machine, &boot, &[]);
+    let reply = c.put("/actions", &json!({"action_type": "InstanceStart"}));
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let wanted = format!(
+        "it needs {} huge pages of 2 MiB and the host's pool has {available} unreserved",
+        available + 1
+    );
+    assert!(reply.fault().contains(&wanted), "{}", reply.fault());
+    drop(ember);
+
+    // 128 MiB: all 64 pages reserved at the start, the guest sees its 128 MiB and runs.
+    let s = Scratch::new("huge-pages");
+    let mut ember = api::Ember::start(&s, &[]);
+    let mut c = ember.client();
+    let machine = json!({"vcpu_count": 2, "mem_size_mib": 128, "huge_pages": "2M"});
+    c.configure(&machine, &boot, &[]);
+    c.instance_start();
+    ember.wait_for("tick 2", Duration::from_secs(60));
+    assert_eq!(pool.available(), available - 64);
+    assert_eq!(huge_pages::huge_mapped_kib(ember.child.id()), 128 << 10);
+    let hole = 0x10_0000u64 - 0x9_fc00;
+    let ram = format!("ram_bytes={:#x}", (128u64 << 20) - hole);
+    assert!(ember.stdout().contains(&ram), "{}", ember.stdout());
+    assert_eq!(c.get("/machine-config").json()["huge_pages"], "2M");
+    assert_eq!(ember.terminate(), Some(128 + libc::SIGTERM));
+    assert_eq!(
+        pool.available(),
+        available,
+        "the pages went back to the pool"
+    );
+}

@@ -80,6 +80,9 @@ counters!(
         free_page_report_count,
         free_page_report_freed,
         free_page_report_fails,
+        free_page_hint_count,
+        free_page_hint_freed,
+        free_page_hint_fails,
     }
 );
 

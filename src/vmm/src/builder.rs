@@ -157,7 +157,7 @@ pub fn build(resources: &VmResources, host: &Host) -> Result<MicroVm, BuildError
         reason: "it overflows a 64-bit address".into(),
     })?;
 
-    let mem = memory::create(mem_bytes)?;
+    let mem = memory::create(mem_bytes, machine.huge_pages)?;
     let track_dirty = machine.track_dirty_pages;
     let vm = Vm::new(&mem, track_dirty)?;
     let ctx = Context {
@@ -225,6 +225,11 @@ fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
         state.devices.balloon_actual_pages,
     ) {
         devices::bus::lock(balloon).restore_actual_pages(pages);
+    }
+    if let (Some(balloon), Some(hinting)) =
+        (&attached.devices.balloon, state.devices.balloon_hinting)
+    {
+        devices::bus::lock(balloon).restore_hinting(hinting);
     }
     for (transport, saved) in transports.iter().zip(&state.devices.virtio) {
         devices::bus::lock(transport).restore(saved)?;
@@ -474,7 +479,9 @@ fn attach_devices(ctx: &Context, serial: Option<&SerialSnapshot>) -> Result<Atta
             amount_mib: b.amount_mib,
             deflate_on_oom: b.deflate_on_oom,
             stats_polling_interval_s: b.stats_polling_interval_s,
+            free_page_hinting: b.free_page_hinting,
             free_page_reporting: b.free_page_reporting,
+            host_page_size: resources.machine_config.huge_pages.page_size(),
             metrics: metrics.balloon.clone(),
         };
         let balloon = Balloon::new(&config).map_err(BuildError::EventFd)?;

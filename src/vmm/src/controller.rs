@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use devices::virtio::balloon::{Balloon, HintingError};
 use event_manager::{EventManager, SubscriberOps};
 use telemetry::Span;
 
@@ -375,6 +376,15 @@ impl Controller {
                 None => Err(ConfigError::NoBalloon.into()),
             },
             VmmAction::GetBalloonStats => self.balloon_stats(),
+            VmmAction::StartBalloonHinting(cmd) => {
+                self.with_balloon(|b| b.start_hinting(cmd).map(|()| VmmData::Empty))
+            }
+            VmmAction::StopBalloonHinting => {
+                self.with_balloon(|b| b.stop_hinting().map(|()| VmmData::Empty))
+            }
+            VmmAction::GetBalloonHinting => {
+                self.with_balloon(|b| b.hinting_status().map(VmmData::HintingStatus))
+            }
             VmmAction::PutMmds(value) => {
                 mmds::lock(&self.mmds).put(value)?;
                 Ok(VmmData::Empty)
@@ -465,11 +475,17 @@ impl Controller {
         resources.serial = self.resources.serial.clone();
         let (mem, uffd_path) = match &prepared.memory {
             Memory::File(file) => (memory::from_file(file, &state.memory), None),
-            Memory::Uffd(path) => (memory::create_regions(&state.memory), Some(path)),
+            Memory::Uffd(path) => (
+                memory::create_regions(&state.memory, resources.machine_config.huge_pages),
+                Some(path),
+            ),
         };
         let mem = mem.map_err(|e| fail(LoadError::Build(e.to_string())))?;
         let uffd = match uffd_path {
-            Some(path) => Some(uffd::hand_over(&mem, path).map_err(|e| fail(e.into()))?),
+            Some(path) => Some(
+                uffd::hand_over(&mem, resources.machine_config.huge_pages, path)
+                    .map_err(|e| fail(e.into()))?,
+            ),
             None => None,
         };
         let mut vm = builder::restore(
@@ -525,6 +541,17 @@ impl Controller {
         let balloon = vm.balloon().ok_or(ConfigError::NoBalloon)?;
         let stats = devices::bus::lock(balloon).stats();
         Ok(VmmData::BalloonStats(stats))
+    }
+
+    /// `/balloon/hinting/*`: after boot, on the running balloon.
+    fn with_balloon(
+        &mut self,
+        op: impl FnOnce(&mut Balloon) -> Result<VmmData, HintingError>,
+    ) -> ActionResult {
+        let vm = self.running()?;
+        let balloon = vm.balloon().ok_or(ConfigError::NoBalloon)?;
+        let answer = op(&mut devices::bus::lock(balloon))?;
+        Ok(answer)
     }
 
     fn running(&mut self) -> Result<&mut MicroVm, ActionError> {

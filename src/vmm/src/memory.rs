@@ -1,12 +1,18 @@
 //! Guest RAM: anonymous, private, not reserved up front (MAP_NORESERVE), laid out around the
 //! MMIO gap by [`arch::layout::ram_regions`]. Pages cost host memory only once touched. A
 //! restored microVM's RAM is instead the snapshot's memory file mapped copy-on-write.
+//!
+//! On 2 MiB huge pages (`huge_pages: "2M"`) the mapping is hugetlbfs and *is* reserved: the
+//! host's pool must hold every page when the microVM starts, so a pool too small is an error
+//! at InstanceStart instead of a SIGBUS in the middle of the guest's life.
 
 use std::fs::File;
 
 use vm_memory::bitmap::{AtomicBitmap, NewBitmap};
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+
+use crate::config::HugePages;
 
 /// The guest's pages: the unit of the dirty logs, the memory file and the page-fault handler.
 pub const PAGE_SIZE: u64 = 4096;
@@ -48,9 +54,9 @@ pub fn layout(mem_bytes: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Maps `mem_bytes` of guest RAM.
-pub fn create(mem_bytes: u64) -> Result<GuestMemory, Error> {
-    create_regions(&layout(mem_bytes))
+/// Maps `mem_bytes` of guest RAM on `pages`.
+pub fn create(mem_bytes: u64, pages: HugePages) -> Result<GuestMemory, Error> {
+    create_regions(&layout(mem_bytes), pages)
 }
 
 /// Maps guest RAM from a snapshot's memory file, region after region (`regions`: guest
@@ -83,24 +89,61 @@ pub fn from_file(file: &File, regions: &[(u64, u64)]) -> Result<GuestMemory, Err
     GuestMemoryMmap::from_regions(mapped).map_err(|e| fail(e.to_string()))
 }
 
-/// Anonymous guest RAM laid out as `regions` (guest address, length): a new microVM's, or
-/// a snapshot's for a page-fault handler to fill.
-pub fn create_regions(regions: &[(u64, u64)]) -> Result<GuestMemory, Error> {
+/// Anonymous guest RAM laid out as `regions` (guest address, length) on `pages`: a new
+/// microVM's, or a snapshot's for a page-fault handler to fill.
+pub fn create_regions(regions: &[(u64, u64)], pages: HugePages) -> Result<GuestMemory, Error> {
     let total: u64 = regions.iter().map(|r| r.1).sum();
     let fail = |reason: String| Error::Map {
         mib: total >> 20,
         reason,
     };
     bitmap_fits(total)?;
-    let ranges = regions
-        .iter()
-        .map(|&(addr, len)| {
-            let len = usize::try_from(len)
-                .map_err(|_| fail("it does not fit the host's address space".into()))?;
-            Ok((GuestAddress(addr), len))
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
-    GuestMemoryMmap::from_ranges(&ranges).map_err(|e| fail(e.to_string()))
+    let flags = match pages {
+        HugePages::None => libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+        HugePages::Hugetlbfs2M => {
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_HUGE_2MB
+        }
+    };
+    let mut mapped = Vec::with_capacity(regions.len());
+    for &(addr, len) in regions {
+        let size = usize::try_from(len)
+            .map_err(|_| fail("it does not fit the host's address space".into()))?;
+        let region = MmapRegionBuilder::new_with_bitmap(size, AtomicBitmap::with_len(size))
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(flags)
+            .build()
+            .map_err(|e| match pages {
+                HugePages::Hugetlbfs2M => fail(huge_pool_shortage(total, &e.to_string())),
+                HugePages::None => fail(e.to_string()),
+            })?;
+        let region = GuestRegionMmap::new(region, GuestAddress(addr))
+            .ok_or_else(|| fail(format!("the region at {addr:#x} wraps around")))?;
+        mapped.push(region);
+    }
+    GuestMemoryMmap::from_regions(mapped).map_err(|e| fail(e.to_string()))
+}
+
+/// Why a hugetlbfs mapping of `total` bytes failed, with what the host's 2 MiB pool holds.
+fn huge_pool_shortage(total: u64, error: &str) -> String {
+    let pool = |name: &str| {
+        let path = format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{name}");
+        hostfile::read(std::path::Path::new(&path), 4096)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    let needed = total / (2 << 20);
+    match (pool("free_hugepages"), pool("resv_hugepages")) {
+        (Some(free), Some(reserved)) => format!(
+            "it needs {needed} huge pages of 2 MiB and the host's pool has {} unreserved \
+             (raise vm.nr_hugepages) ({error})",
+            free.saturating_sub(reserved)
+        ),
+        _ => format!(
+            "it needs {needed} huge pages of 2 MiB and this host has no 2 MiB hugetlbfs pool \
+             ({error})"
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -110,7 +153,7 @@ mod tests {
     #[test]
     fn memory_too_large_for_its_bitmap_is_an_error_not_an_abort() {
         // 2^62 bytes: a bitmap of 2^47 bytes, more than any host can allocate.
-        let e = create(1 << 62).unwrap_err().to_string();
+        let e = create(1 << 62, HugePages::None).unwrap_err().to_string();
         assert!(e.contains("cannot be mapped on this host"), "{e}");
         assert!(bitmap_fits(128 << 20).is_ok());
     }

@@ -194,6 +194,10 @@ impl MicroVm {
                 .balloon
                 .as_ref()
                 .map(|b| devices::bus::lock(b).actual_pages()),
+            balloon_hinting: d
+                .balloon
+                .as_ref()
+                .and_then(|b| devices::bus::lock(b).hinting_state()),
         };
         let memory = match params.snapshot_type {
             SnapshotType::Full => {

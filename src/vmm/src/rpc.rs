@@ -43,6 +43,9 @@ pub enum VmmAction {
     PatchBalloonStats(BalloonStatsUpdate),
     GetBalloon,
     GetBalloonStats,
+    StartBalloonHinting(devices::virtio::balloon::StartHintingCmd),
+    StopBalloonHinting,
+    GetBalloonHinting,
     PutMmds(serde_json::Value),
     PatchMmds(serde_json::Value),
     GetMmds,
@@ -101,6 +104,7 @@ pub enum VmmData {
     Mmds(serde_json::Value),
     Balloon(BalloonDeviceConfig),
     BalloonStats(devices::virtio::balloon::BalloonStats),
+    HintingStatus(devices::virtio::balloon::HintingStatus),
 }
 
 /// A refused or failed request; the API shows it as `{"fault_message": "<this sentence>"}`.
@@ -114,6 +118,8 @@ pub enum ActionError {
     NotSupportedPreBoot,
     #[error("The requested operation is not supported after starting the microVM.")]
     NotSupportedPostBoot,
+    #[error("{0}")]
+    Hinting(#[from] devices::virtio::balloon::HintingError),
     #[error("{0}")]
     Mmds(#[from] mmds::StoreError),
     #[error("the microVM could not be paused: {0}")]

@@ -33,13 +33,8 @@ pub struct BalloonStatsUpdate {
 }
 
 impl BalloonDeviceConfig {
-    /// The target fits in guest RAM, and no feature Ember lacks is asked for.
+    /// The target fits in guest RAM.
     pub fn validate(&self, mem_size_mib: usize) -> Result<(), ConfigError> {
-        if self.free_page_hinting {
-            return Err(ConfigError::Unsupported(
-                "free page hinting on the balloon (free_page_hinting)",
-            ));
-        }
         check_amount(self.amount_mib, mem_size_mib)
     }
 }

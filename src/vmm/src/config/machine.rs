@@ -8,13 +8,32 @@ use super::{ConfigError, StaticCpuTemplate};
 /// Firecracker's limit, and the most the MP table describes.
 pub const MAX_VCPUS: u8 = 32;
 
-/// Firecracker's `huge_pages`. Ember backs guest memory with ordinary pages only.
+/// Firecracker's `huge_pages`: what backs guest memory, ordinary pages or 2 MiB hugetlbfs
+/// pages from the host's pool (`vm.nr_hugepages`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 pub enum HugePages {
     #[default]
     None,
     #[serde(rename = "2M")]
     Hugetlbfs2M,
+}
+
+impl HugePages {
+    /// The size of one backing page.
+    pub fn page_size(self) -> u64 {
+        match self {
+            HugePages::None => 4096,
+            HugePages::Hugetlbfs2M => 2 << 20,
+        }
+    }
+
+    /// Guest memory must be a whole number of backing pages: at least this many MiB.
+    fn page_mib(self) -> usize {
+        match self {
+            HugePages::None => 1,
+            HugePages::Hugetlbfs2M => 2,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -59,10 +78,8 @@ impl MachineConfig {
         if self.mem_size_mib == 0 {
             return Err(ConfigError::MemoryZero);
         }
-        if self.huge_pages != HugePages::None {
-            return Err(ConfigError::Unsupported(
-                "huge_pages 2M (hugetlbfs-backed memory)",
-            ));
+        if !self.mem_size_mib.is_multiple_of(self.huge_pages.page_mib()) {
+            return Err(ConfigError::MemoryNotPageMultiple(self.mem_size_mib));
         }
         self.mem_bytes()?;
         Ok(())

@@ -137,6 +137,8 @@ pub enum ConfigError {
     SmtOddVcpus(u8),
     #[error("mem_size_mib must be at least 1")]
     MemoryZero,
+    #[error("mem_size_mib {0} is not a whole number of 2 MiB huge pages (huge_pages \"2M\" needs an even mem_size_mib)")]
+    MemoryNotPageMultiple(usize),
     #[error("mem_size_mib {0} is larger than a 64-bit address space")]
     MemoryTooLarge(usize),
     #[error("drive_id {0:?} must be 1 to 64 characters, letters, digits and '_' only")]

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::{file, MicrovmState};
-use crate::config::ConfigError;
+use crate::config::{ConfigError, HugePages};
 use crate::resources::VmResources;
 
 /// `PUT /snapshot/load` (Firecracker's `SnapshotLoadParams`).
@@ -76,6 +76,10 @@ pub enum LoadError {
     NoBackend,
     #[error("{0}")]
     File(#[from] file::SnapshotFileError),
+    #[error(
+        "Cannot restore hugetlbfs backed snapshot by mapping the memory file. Please use uffd."
+    )]
+    HugePagesFromFile,
     #[error("the snapshot file's guest memory regions do not match its {mib} MiB machine")]
     Regions { mib: usize },
     #[error("the snapshot file has {found} vCPU states for its {expected} vCPUs")]
@@ -174,6 +178,10 @@ impl SnapshotLoadParams {
             vsock.uds_path = o.uds_path.clone();
         }
         let memory = match backend.backend_type {
+            // A private file mapping cannot be hugetlbfs; Firecracker refuses it the same way.
+            MemoryBackendType::File if machine.huge_pages != HugePages::None => {
+                return Err(LoadError::HugePagesFromFile)
+            }
             MemoryBackendType::File => {
                 Memory::File(memory_file(&backend.backend_path, &state.memory)?)
             }

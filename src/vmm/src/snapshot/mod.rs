@@ -64,6 +64,9 @@ pub struct DeviceStates {
     pub virtio: Vec<TransportSnapshot>,
     /// The pages the balloon's driver said it holds.
     pub balloon_actual_pages: Option<u32>,
+    /// Where free page hinting stood, when the balloon offers it.
+    #[serde(default)]
+    pub balloon_hinting: Option<devices::virtio::balloon::HintingState>,
 }
 
 /// What the VMM thread adds to a snapshot besides the machine: its configuration and the

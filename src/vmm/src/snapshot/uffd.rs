@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use crate::memory::{GuestMemory, PAGE_SIZE};
+use crate::config::HugePages;
+use crate::memory::GuestMemory;
 
 // The userfaultfd ABI (linux/userfaultfd.h), which the libc crate does not carry.
 /// The handler gets the mappings and the userfaultfd in one small message; a handler that
@@ -100,7 +101,9 @@ pub enum UffdError {
 }
 
 /// One guest memory region as the handler is told of it (Firecracker's
-/// `GuestRegionUffdMapping`; `page_size_kib` for its older handlers).
+/// `GuestRegionUffdMapping`). `page_size` is in bytes, and so is the deprecated
+/// `page_size_kib` despite its name: Firecracker sends the same number in both, and its older
+/// handlers read the second as bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegionMapping {
     pub base_host_virt_addr: u64,
@@ -130,9 +133,9 @@ pub struct Backend {
     _handler: UnixStream,
 }
 
-/// Registers all of `mem` (anonymous, not yet touched) with a new userfaultfd and hands it
-/// to the handler listening at `path`.
-pub fn hand_over(mem: &GuestMemory, path: &str) -> Result<Backend, UffdError> {
+/// Registers all of `mem` (anonymous, not yet touched, on `pages`) with a new userfaultfd and
+/// hands it to the handler listening at `path`.
+pub fn hand_over(mem: &GuestMemory, pages: HugePages, path: &str) -> Result<Backend, UffdError> {
     // SAFETY: userfaultfd(2) takes only flags and returns a new descriptor or -1.
     let raw = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
     if raw < 0 {
@@ -163,8 +166,8 @@ pub fn hand_over(mem: &GuestMemory, path: &str) -> Result<Backend, UffdError> {
             base_host_virt_addr: start,
             size: region.len(),
             offset,
-            page_size: PAGE_SIZE,
-            page_size_kib: PAGE_SIZE / 1024,
+            page_size: pages.page_size(),
+            page_size_kib: pages.page_size(),
         });
         offset += region.len();
     }

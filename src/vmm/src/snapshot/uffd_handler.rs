@@ -1,15 +1,14 @@
 //! A page-fault handler for the `Uffd` backend (the other end of [`super::uffd`]): it takes
 //! ember's message (the userfaultfd and the regions), maps the memory file, and fills each
-//! page the guest first touches from it, or with zeros once the balloon gave it back. The
-//! tests use it; a production handler is the platform's own.
+//! page the guest first touches from it, or with zeros once the balloon gave it back, a whole
+//! backing page at a time (4 KiB, or 2 MiB on huge pages). The tests use it; a production
+//! handler is the platform's own.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
-
-use crate::memory::PAGE_SIZE;
 
 use super::uffd::{
     uffd_ioctl, RegionMapping, UffdMsg, UffdioCopy, UffdioRange, UffdioZeropage, UFFDIO_COPY,
@@ -28,6 +27,9 @@ pub struct Handler {
     file_len: usize,
     /// Ranges the balloon gave back: they are zero from now on, not the file's.
     removed: Vec<(u64, u64)>,
+    /// Zeros to copy from where UFFDIO_ZEROPAGE cannot serve (hugetlbfs), as large as the
+    /// largest page.
+    zeros: Vec<u8>,
     pub pages_copied: u64,
 }
 
@@ -44,6 +46,17 @@ impl Handler {
             .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
         let fd = fd.ok_or_else(|| std::io::Error::other("no userfaultfd came with the message"))?;
         let regions: Vec<RegionMapping> = serde_json::from_slice(&buf[..len])?;
+        if let Some(r) = regions.iter().find(|r| {
+            !r.page_size.is_power_of_two()
+                || r.page_size > 1 << 30
+                || r.base_host_virt_addr % r.page_size != 0
+        }) {
+            return Err(std::io::Error::other(format!(
+                "ember sent a region with a page size of {} at {:#x}",
+                r.page_size, r.base_host_virt_addr
+            )));
+        }
+        let largest = regions.iter().map(|r| r.page_size).max().unwrap_or(0);
         let file_len = usize::try_from(memory_file.metadata()?.len())
             .map_err(|_| std::io::Error::other("the memory file is too large"))?;
         // SAFETY: a new read-only shared mapping of a file this handler holds open; the kernel
@@ -68,6 +81,7 @@ impl Handler {
             file_map: map as *const u8,
             file_len,
             removed: Vec::new(),
+            zeros: vec![0; largest as usize],
             pages_copied: 0,
         })
     }
@@ -128,16 +142,15 @@ impl Handler {
                 return Ok(());
             }
             match msg.event {
-                UFFD_EVENT_PAGEFAULT => self.fill(msg.arg[1] & !(PAGE_SIZE - 1))?,
+                UFFD_EVENT_PAGEFAULT => self.fill(msg.arg[1])?,
                 UFFD_EVENT_REMOVE => self.removed.push((msg.arg[0], msg.arg[1])),
                 _ => {}
             }
         }
     }
 
-    /// Fills the page at host address `addr` from the file (or with zeros once removed).
+    /// Fills the page holding host address `addr` from the file (or with zeros once removed).
     fn fill(&mut self, addr: u64) -> std::io::Result<()> {
-        let zero = self.removed.iter().any(|&(s, e)| addr >= s && addr < e);
         let Some(region) = self
             .regions
             .iter()
@@ -147,22 +160,35 @@ impl Handler {
                 "a fault at {addr:#x} is outside guest memory"
             )));
         };
+        let page = region.page_size;
+        let addr = addr & !(page - 1);
+        let zero = self.removed.iter().any(|&(s, e)| addr >= s && addr < e);
         let file_offset = region.offset + (addr - region.base_host_virt_addr);
-        let result = if zero || file_offset + PAGE_SIZE > self.file_len as u64 {
-            let mut z = UffdioZeropage {
-                range: UffdioRange {
-                    start: addr,
-                    len: PAGE_SIZE,
-                },
-                ..Default::default()
-            };
-            uffd_ioctl(self.uffd.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z)
+        let result = if zero || file_offset + page > self.file_len as u64 {
+            if page == 4096 {
+                let mut z = UffdioZeropage {
+                    range: UffdioRange {
+                        start: addr,
+                        len: page,
+                    },
+                    ..Default::default()
+                };
+                uffd_ioctl(self.uffd.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z)
+            } else {
+                let mut copy = UffdioCopy {
+                    dst: addr,
+                    src: self.zeros.as_ptr() as u64,
+                    len: page,
+                    ..Default::default()
+                };
+                uffd_ioctl(self.uffd.as_raw_fd(), UFFDIO_COPY, &mut copy)
+            }
         } else {
             let mut copy = UffdioCopy {
                 dst: addr,
                 // In bounds: checked against the file's length just above.
                 src: self.file_map as u64 + file_offset,
-                len: PAGE_SIZE,
+                len: page,
                 ..Default::default()
             };
             uffd_ioctl(self.uffd.as_raw_fd(), UFFDIO_COPY, &mut copy)

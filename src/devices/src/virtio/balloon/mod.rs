@@ -6,8 +6,10 @@
 //! interval, and what it returns with is the guest's memory statistics. With free page
 //! reporting (VIRTIO_BALLOON_F_REPORTING), the driver hands over ranges of memory the guest
 //! has free, and they go back to the host the same way, until the guest uses them again.
-//! Runs on the VMM thread.
+//! Free page hinting ([`hinting`]) does the same in runs the host starts. Runs on the VMM
+//! thread.
 
+pub mod hinting;
 mod stats;
 
 use std::os::fd::AsRawFd;
@@ -24,6 +26,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
+pub use hinting::{HintingError, HintingState, HintingStatus, StartHintingCmd};
 pub use stats::BalloonStats;
 
 use crate::virtio::device::{checked_queues, read_config_bytes};
@@ -37,6 +40,7 @@ const PAGES_PER_MIB: u32 = 256;
 const MAX_PFNS_PER_DESC: u32 = 4096;
 const F_STATS_VQ: u64 = 1;
 const F_DEFLATE_ON_OOM: u64 = 2;
+const F_FREE_PAGE_HINT: u64 = 3;
 const F_REPORTING: u64 = 5;
 const INFLATE: usize = 0;
 const DEFLATE: usize = 1;
@@ -52,8 +56,13 @@ pub struct BalloonConfig {
     pub deflate_on_oom: bool,
     /// 0: no statistics queue.
     pub stats_polling_interval_s: u16,
-    /// Offer free page reporting (a queue after the statistics queue, if any).
+    /// Offer free page hinting (a queue after the statistics queue, if any).
+    pub free_page_hinting: bool,
+    /// Offer free page reporting (a queue after the statistics and hinting queues).
     pub free_page_reporting: bool,
+    /// The size of the host pages behind guest RAM (4 KiB, or 2 MiB on hugetlbfs): only
+    /// whole host pages can be given back.
+    pub host_page_size: u64,
     pub metrics: Arc<BalloonMetrics>,
 }
 
@@ -77,8 +86,12 @@ pub struct Balloon {
     /// The statistics buffer the driver left with the device, to hand back at the next tick.
     stats_head: Option<u16>,
     stats: BalloonStats,
+    /// The hinting queue's index, when offered, and where its runs stand.
+    hinting: Option<usize>,
+    hints: HintingState,
     /// The reporting queue's index, when offered.
     reporting: Option<usize>,
+    host_page_size: u64,
     active: Option<Active>,
     metrics: Arc<BalloonMetrics>,
 }
@@ -92,16 +105,27 @@ impl std::fmt::Debug for Balloon {
     }
 }
 
-/// Gives the host back the guest pages in `[addr, addr + len)` (page-aligned, inside one
-/// region); false if the range is not guest RAM.
-fn discard(mem: &GuestMemory, addr: GuestAddress, len: u64) -> bool {
+/// Gives the host back the whole host pages (of `host_page` bytes) in `[addr, addr + len)`
+/// (page-aligned, inside one region); false if the range is not guest RAM. On huge pages a
+/// range smaller than one gives nothing back: the guest's page stays in the host's, as in
+/// Firecracker.
+fn discard(mem: &GuestMemory, addr: GuestAddress, len: u64, host_page: u64) -> bool {
     let Some(region) = mem.find_region(addr) else {
         return false;
     };
     let offset = addr.0 - region.start_addr().0;
-    if offset.checked_add(len).is_none_or(|end| end > region.len()) {
+    let Some(end) = offset.checked_add(len).filter(|&end| end <= region.len()) else {
         return false;
+    };
+    // Regions start on a huge page boundary in guest and host address space alike.
+    let (offset, end) = (
+        offset.next_multiple_of(host_page),
+        end / host_page * host_page,
+    );
+    if offset >= end {
+        return true;
     }
+    let len = end - offset;
     let Ok(host) = region.get_host_address(vm_memory::MemoryRegionAddress(offset)) else {
         return false;
     };
@@ -122,6 +146,12 @@ impl Balloon {
         if config.deflate_on_oom {
             avail_features |= 1 << F_DEFLATE_ON_OOM;
         }
+        let mut hinting = None;
+        if config.free_page_hinting {
+            avail_features |= 1 << F_FREE_PAGE_HINT;
+            hinting = Some(queues);
+            queues += 1;
+        }
         let mut reporting = None;
         if config.free_page_reporting {
             avail_features |= 1 << F_REPORTING;
@@ -141,7 +171,10 @@ impl Balloon {
             stats_timer: TimerFd::new().map_err(std::io::Error::from)?,
             stats_head: None,
             stats: BalloonStats::default(),
+            hinting,
+            hints: HintingState::default(),
             reporting,
+            host_page_size: config.host_page_size,
             active: None,
             metrics: config.metrics.clone(),
         })
@@ -153,6 +186,58 @@ impl Balloon {
         self.config_generation = self.config_generation.wrapping_add(1);
         if let Some(active) = &self.active {
             let _ = active.irq.trigger(InterruptKind::Config);
+        }
+    }
+
+    /// `PATCH /balloon/hinting/start`: a new run, announced to the driver.
+    pub fn start_hinting(&mut self, cmd: StartHintingCmd) -> Result<(), HintingError> {
+        self.hinting_ready()?;
+        let id = self.hints.start(cmd);
+        self.set_hint_cmd(id);
+        Ok(())
+    }
+
+    /// `PATCH /balloon/hinting/stop`: DONE, so the driver frees what it hinted.
+    pub fn stop_hinting(&mut self) -> Result<(), HintingError> {
+        self.hinting_ready()?;
+        self.set_hint_cmd(hinting::CMD_DONE);
+        Ok(())
+    }
+
+    /// `GET /balloon/hinting/status`.
+    pub fn hinting_status(&self) -> Result<HintingStatus, HintingError> {
+        self.hinting.ok_or(HintingError::NotEnabled)?;
+        Ok(self.hints.status())
+    }
+
+    fn hinting_ready(&self) -> Result<(), HintingError> {
+        self.hinting.ok_or(HintingError::NotEnabled)?;
+        match self.active {
+            Some(_) => Ok(()),
+            None => Err(HintingError::NoDriver),
+        }
+    }
+
+    /// Puts `cmd` in the configuration space and tells the driver.
+    fn set_hint_cmd(&mut self, cmd: u32) {
+        self.hints.host_cmd = cmd;
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if let Some(active) = &self.active {
+            let _ = active.irq.trigger(InterruptKind::Config);
+        }
+    }
+
+    /// Where hinting stands, for a snapshot.
+    pub fn hinting_state(&self) -> Option<HintingState> {
+        self.hinting.map(|_| self.hints)
+    }
+
+    /// A restored balloon's hinting: a run in progress is ended (DONE), so that the driver
+    /// frees what it held for it, as Firecracker does at restore.
+    pub fn restore_hinting(&mut self, state: HintingState) {
+        if self.hinting.is_some() {
+            self.hints = state;
+            self.hints.host_cmd = hinting::CMD_DONE;
         }
     }
 
@@ -242,10 +327,31 @@ impl Balloon {
     }
 
     fn give_back(&self, mem: &GuestMemory, start: u64, len: u64) {
-        match discard(mem, GuestAddress(start), len) {
+        match discard(mem, GuestAddress(start), len, self.host_page_size) {
             true => self.metrics.inflate_count.add(len >> PFN_SHIFT),
             false => self.metrics.invalid_reqs_count.inc(),
         }
+    }
+
+    /// Serves the hinting queue; writes DONE when a run that acknowledges its end ends.
+    pub fn process_hints(&mut self) -> bool {
+        let (Some(queue), Some(mut active)) = (self.hinting, self.active.take()) else {
+            return false;
+        };
+        let (used, done) = self.hints.process(
+            &mut active.queues[queue],
+            &active.mem,
+            &self.metrics,
+            self.host_page_size,
+        );
+        if used {
+            let _ = active.irq.trigger(InterruptKind::Queue);
+        }
+        self.active = Some(active);
+        if done {
+            self.set_hint_cmd(hinting::CMD_DONE);
+        }
+        used
     }
 
     /// Serves the reporting queue: every device-writable buffer names a free guest range
@@ -262,7 +368,12 @@ impl Balloon {
                 let ok = desc.is_write_only()
                     && aligned
                     && desc.len() <= MAX_REPORTED_RANGE
-                    && discard(&active.mem, desc.addr(), u64::from(desc.len()));
+                    && discard(
+                        &active.mem,
+                        desc.addr(),
+                        u64::from(desc.len()),
+                        self.host_page_size,
+                    );
                 self.metrics.free_page_report_count.inc();
                 match ok {
                     true => self
@@ -332,7 +443,7 @@ impl VirtioDevice for Balloon {
     }
 
     fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE; 4][..self.queue_events.len()]
+        &[QUEUE_SIZE; 5][..self.queue_events.len()]
     }
 
     fn queue_events(&self) -> &[EventFd] {
@@ -347,10 +458,11 @@ impl VirtioDevice for Balloon {
         self.acked_features = features & self.avail_features;
     }
 
-    /// `num_pages` then `actual`, both little-endian u32.
+    /// `num_pages`, `actual` and `free_page_hint_cmd_id`, little-endian u32s.
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         let mut space = self.target_pages.to_le_bytes().to_vec();
         space.extend_from_slice(&self.actual_pages.to_le_bytes());
+        space.extend_from_slice(&self.hints.host_cmd.to_le_bytes());
         read_config_bytes(&space, offset, data);
     }
 
@@ -396,6 +508,9 @@ impl VirtioDevice for Balloon {
         self.active = None;
         self.acked_features = 0;
         self.stats_head = None;
+        // A driver that starts again finds no run: it held nothing for one any more.
+        self.hints.host_cmd = hinting::CMD_STOP;
+        self.hints.guest_cmd = None;
     }
 
     /// The statistics buffer the device holds was the last one taken: it is counted as not
@@ -450,6 +565,9 @@ impl MutEventSubscriber for Balloon {
             }
             q if Some(q) == self.reporting => {
                 self.process_reports();
+            }
+            q if Some(q) == self.hinting => {
+                self.process_hints();
             }
             _ => self.process_stats(),
         }

@@ -35,7 +35,9 @@ fn balloon(stats: u16) -> (Balloon, Arc<BalloonMetrics>) {
         amount_mib: 4,
         deflate_on_oom: true,
         stats_polling_interval_s: stats,
+        free_page_hinting: false,
         free_page_reporting: false,
+        host_page_size: 4096,
         metrics: metrics.clone(),
     })
     .unwrap();
@@ -179,7 +181,9 @@ fn reported_free_ranges_go_back_to_the_host_and_bad_ones_are_counted() {
         amount_mib: 0,
         deflate_on_oom: false,
         stats_polling_interval_s: 1,
+        free_page_hinting: false,
         free_page_reporting: true,
+        host_page_size: 4096,
         metrics: metrics.clone(),
     })
     .unwrap();
@@ -229,4 +233,152 @@ fn reported_free_ranges_go_back_to_the_host_and_bad_ones_are_counted() {
         crate::virtio::test_utils::used(&mem, reporting),
         vec![(0, 0)]
     );
+}
+
+#[test]
+fn on_huge_pages_only_whole_huge_pages_go_back() {
+    const HUGE: u64 = 2 << 20;
+    let mem = memory();
+    let touch = |addr: u64| mem.write_obj(0xabu8, GuestAddress(addr)).unwrap();
+    let byte = |addr: u64| mem.read_obj::<u8>(GuestAddress(addr)).unwrap();
+    for addr in [HUGE - 4096, HUGE, 2 * HUGE - 4096, 2 * HUGE] {
+        touch(addr);
+    }
+    // A 4 KiB page and a range that covers no whole huge page: valid, nothing given back.
+    assert!(super::discard(&mem, GuestAddress(HUGE), 4096, HUGE));
+    assert!(super::discard(&mem, GuestAddress(HUGE - 4096), HUGE, HUGE));
+    assert_eq!(byte(HUGE), 0xab);
+    assert_eq!(byte(HUGE - 4096), 0xab);
+    // From the page before a huge page to the page after it: only that huge page goes.
+    assert!(super::discard(
+        &mem,
+        GuestAddress(HUGE - 4096),
+        HUGE + 8192,
+        HUGE
+    ));
+    assert_eq!(
+        [HUGE - 4096, HUGE, 2 * HUGE - 4096, 2 * HUGE].map(byte),
+        [0xab, 0, 0, 0xab]
+    );
+    // Outside guest memory is still refused.
+    assert!(!super::discard(
+        &mem,
+        GuestAddress(MEM_SIZE as u64),
+        HUGE,
+        HUGE
+    ));
+}
+
+fn hinting_balloon() -> (Balloon, Arc<BalloonMetrics>) {
+    let metrics = Arc::new(BalloonMetrics::default());
+    let b = Balloon::new(&BalloonConfig {
+        amount_mib: 0,
+        deflate_on_oom: false,
+        stats_polling_interval_s: 1,
+        free_page_hinting: true,
+        free_page_reporting: true,
+        host_page_size: 4096,
+        metrics: metrics.clone(),
+    })
+    .unwrap();
+    (b, metrics)
+}
+
+fn hint_cmd(b: &Balloon) -> u32 {
+    let mut cmd = [0u8; 4];
+    b.read_config(8, &mut cmd);
+    u32::from_le_bytes(cmd)
+}
+
+#[test]
+fn a_hinting_run_gives_back_the_blocks_of_the_current_run_only() {
+    use super::hinting::HintingError;
+    let mem = memory();
+    let (mut b, metrics) = hinting_balloon();
+    assert_ne!(b.avail_features() & (1 << super::F_FREE_PAGE_HINT), 0);
+    // Inflate, deflate, statistics, hinting, reporting: Linux's order.
+    assert_eq!(b.queue_events().len(), 5);
+    assert_eq!(
+        b.start_hinting(Default::default()),
+        Err(HintingError::NoDriver)
+    );
+    let mqs = activate(&mut b, &mem);
+    let hints = &mqs[3];
+    let generation = b.config_generation();
+    b.start_hinting(Default::default()).unwrap();
+    assert_eq!((hint_cmd(&b), b.hinting_status().unwrap().host_cmd), (2, 2));
+    assert_ne!(b.config_generation(), generation, "the driver is told");
+
+    for page in 0..8u64 {
+        mem.write_obj(0xabu8, GuestAddress(PAGES + page * 4096))
+            .unwrap();
+    }
+    let id = |n: u32, at: u64| {
+        mem.write_obj(n.to_le(), GuestAddress(at)).unwrap();
+        desc(at, 4, 0)
+    };
+    // Run 2 starts; a 2-page block; a block not page-aligned; a command ID of 8 bytes.
+    post(hints, 0, id(2, PFNS));
+    post(hints, 1, desc(PAGES, 8192, WRITE));
+    post(hints, 2, desc(PAGES + 2 * 4096 + 512, 4096, WRITE));
+    post(hints, 3, desc(PFNS + 16, 8, 0));
+    assert!(b.process_hints());
+    let byte = |page: u64| {
+        mem.read_obj::<u8>(GuestAddress(PAGES + page * 4096))
+            .unwrap()
+    };
+    assert_eq!([0, 1, 2, 3].map(byte), [0, 0, 0xab, 0xab]);
+    assert_eq!(metrics.free_page_hint_count.total(), 2);
+    assert_eq!(metrics.free_page_hint_freed.total(), 8192);
+    assert_eq!(metrics.free_page_hint_fails.total(), 1);
+    assert_eq!(metrics.invalid_reqs_count.total(), 1);
+    assert_eq!(b.hinting_status().unwrap().guest_cmd, Some(2));
+
+    // STOP: acknowledged with DONE; a block sent after it stays the guest's.
+    post(hints, 4, id(0, PFNS + 32));
+    post(hints, 5, desc(PAGES + 4 * 4096, 4096, WRITE));
+    assert!(b.process_hints());
+    assert_eq!(byte(4), 0xab);
+    let status = b.hinting_status().unwrap();
+    assert_eq!((status.host_cmd, status.guest_cmd), (1, Some(0)));
+    assert_eq!(hint_cmd(&b), 1);
+    assert_eq!(crate::virtio::test_utils::used(&mem, hints).len(), 6);
+
+    // A run without the acknowledgement waits at STOP; a block of an older run is ignored.
+    b.start_hinting(super::StartHintingCmd {
+        acknowledge_on_stop: false,
+    })
+    .unwrap();
+    assert_eq!(hint_cmd(&b), 3);
+    post(hints, 6, id(2, PFNS + 48));
+    post(hints, 7, desc(PAGES + 5 * 4096, 4096, WRITE));
+    post(hints, 8, id(0, PFNS + 64));
+    assert!(b.process_hints());
+    assert_eq!(byte(5), 0xab);
+    assert_eq!(hint_cmd(&b), 3);
+    b.stop_hinting().unwrap();
+    assert_eq!(hint_cmd(&b), 1);
+
+    // A snapshot keeps the state; the restored balloon says DONE.
+    let mut saved = b.hinting_state().unwrap();
+    saved.host_cmd = 3;
+    let (mut restored, _) = hinting_balloon();
+    restored.restore_hinting(saved);
+    assert_eq!((hint_cmd(&restored), saved.last_cmd_id), (1, 3));
+}
+
+#[test]
+fn hinting_requests_on_a_balloon_without_it_are_refused() {
+    use super::hinting::HintingError;
+    let mem = memory();
+    let (mut b, _) = balloon(0);
+    let _mqs = activate(&mut b, &mem);
+    assert_eq!(
+        b.start_hinting(Default::default()),
+        Err(HintingError::NotEnabled)
+    );
+    assert_eq!(b.stop_hinting(), Err(HintingError::NotEnabled));
+    assert_eq!(b.hinting_status(), Err(HintingError::NotEnabled));
+    assert_eq!(b.hinting_state(), None);
+    assert_eq!(hint_cmd(&b), 0);
 }
