@@ -150,6 +150,7 @@ fn mmds_store(args: &cli::Args) -> Result<mmds::SharedStore, StartError> {
 
 fn run() -> Result<i32, StartError> {
     let started = std::time::Instant::now();
+    signals::install_fatal().map_err(StartError::Signals)?;
     let args = match cli::parse(std::env::args().skip(1))? {
         cli::Command::Help => {
             print!("{}", cli::USAGE);

@@ -119,17 +119,28 @@ impl Line {
     }
 }
 
-pub fn install(exit: Arc<ExitSignal>) -> std::io::Result<()> {
-    let _ = EXIT.set(exit);
-    let register = |signum, handler| {
-        vmm_sys_util::signal::register_signal_handler(signum, handler)
-            .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
-    };
-    for signum in [libc::SIGTERM, libc::SIGINT] {
-        register(signum, on_signal)?;
-    }
+fn register(
+    signum: libc::c_int,
+    handler: vmm_sys_util::signal::SignalHandler,
+) -> std::io::Result<()> {
+    vmm_sys_util::signal::register_signal_handler(signum, handler)
+        .map_err(|e| std::io::Error::from_raw_os_error(e.errno()))
+}
+
+/// The fatal signals' handlers: first thing in `run`, before any thread or filter exists,
+/// so that no system call a filter traps can end ember without its status and line.
+pub fn install_fatal() -> std::io::Result<()> {
     for (signum, _, _) in FATAL {
         register(signum, on_fatal_signal)?;
+    }
+    Ok(())
+}
+
+/// SIGTERM and SIGINT, once there is a VM exit signal to give them to.
+pub fn install(exit: Arc<ExitSignal>) -> std::io::Result<()> {
+    let _ = EXIT.set(exit);
+    for signum in [libc::SIGTERM, libc::SIGINT] {
+        register(signum, on_signal)?;
     }
     Ok(())
 }
