@@ -2,6 +2,7 @@
 //! its init and the metrics say.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -135,4 +136,22 @@ pub fn flush_and_finish(
     let lines = command_lines(&ember.stdout());
     eprintln!("{lines:#?}");
     (flushed, lines)
+}
+
+/// Polls `GET path` until `done` holds for its answer.
+pub fn get_until(
+    c: &mut super::api::Client,
+    path: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let started = Instant::now();
+    loop {
+        let answer = c.get(path).expect(200, "").json();
+        if done(&answer) {
+            return answer;
+        }
+        assert!(started.elapsed() < linux_deadline(), "{what}: {answer}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
