@@ -232,12 +232,11 @@ impl Balloon {
         self.hinting.map(|_| self.hints)
     }
 
-    /// A restored balloon's hinting: a run in progress is ended (DONE), so that the driver
-    /// frees what it held for it, as Firecracker does at restore.
+    /// A restored balloon's hinting as the snapshot saw it; once the device runs again it
+    /// writes DONE ([`VirtioDevice::restored`]).
     pub fn restore_hinting(&mut self, state: HintingState) {
         if self.hinting.is_some() {
             self.hints = state;
-            self.hints.host_cmd = hinting::CMD_DONE;
         }
     }
 
@@ -501,6 +500,14 @@ impl VirtioDevice for Balloon {
             let _ = evt.write(1);
         }
         Ok(())
+    }
+
+    /// A run in progress at the snapshot is ended (DONE), and the driver is told, so that it
+    /// frees what it held for the run, as Firecracker does at restore.
+    fn restored(&mut self) {
+        if self.hinting.is_some() {
+            self.set_hint_cmd(hinting::CMD_DONE);
+        }
     }
 
     /// (On a vCPU thread: the statistics timer is left to fire once more and find no driver.)

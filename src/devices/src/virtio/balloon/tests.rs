@@ -359,12 +359,18 @@ fn a_hinting_run_gives_back_the_blocks_of_the_current_run_only() {
     b.stop_hinting().unwrap();
     assert_eq!(hint_cmd(&b), 1);
 
-    // A snapshot keeps the state; the restored balloon says DONE.
+    // A snapshot keeps the state; the restored balloon, once running, says DONE and tells
+    // the driver.
     let mut saved = b.hinting_state().unwrap();
     saved.host_cmd = 3;
     let (mut restored, _) = hinting_balloon();
     restored.restore_hinting(saved);
+    assert_eq!(hint_cmd(&restored), 3);
+    let _mqs = activate(&mut restored, &mem);
+    let generation = restored.config_generation();
+    restored.restored();
     assert_eq!((hint_cmd(&restored), saved.last_cmd_id), (1, 3));
+    assert_ne!(restored.config_generation(), generation);
 }
 
 #[test]
