@@ -63,6 +63,32 @@ pub fn create(mem_bytes: u64, pages: HugePages) -> Result<GuestMemory, Error> {
 /// address and length, in the file's order). The mapping is private: a page is read from the
 /// file when the guest first touches it, and what the guest writes stays in this process.
 pub fn from_file(file: &File, regions: &[(u64, u64)]) -> Result<GuestMemory, Error> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_NORESERVE;
+    map_regions(regions, flags, Some(file), |e| e)
+}
+
+/// Anonymous guest RAM laid out as `regions` (guest address, length) on `pages`: a new
+/// microVM's, or a snapshot's for a page-fault handler to fill.
+pub fn create_regions(regions: &[(u64, u64)], pages: HugePages) -> Result<GuestMemory, Error> {
+    let anonymous = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    match pages {
+        HugePages::None => map_regions(regions, anonymous | libc::MAP_NORESERVE, None, |e| e),
+        HugePages::Hugetlbfs2M => {
+            let total: u64 = regions.iter().map(|r| r.1).sum();
+            let flags = anonymous | libc::MAP_HUGETLB | libc::MAP_HUGE_2MB;
+            map_regions(regions, flags, None, |e| huge_pool_shortage(total, &e))
+        }
+    }
+}
+
+/// Maps each of `regions` with `flags`, from `file` (region after region) or anonymous;
+/// `explain` turns a failed mapping's error into the reason shown.
+fn map_regions(
+    regions: &[(u64, u64)],
+    flags: libc::c_int,
+    file: Option<&File>,
+    explain: impl Fn(String) -> String,
+) -> Result<GuestMemory, Error> {
     let total: u64 = regions.iter().map(|r| r.1).sum();
     let fail = |reason: String| Error::Map {
         mib: total >> 20,
@@ -74,51 +100,20 @@ pub fn from_file(file: &File, regions: &[(u64, u64)]) -> Result<GuestMemory, Err
     for &(addr, len) in regions {
         let size = usize::try_from(len)
             .map_err(|_| fail("it does not fit the host's address space".into()))?;
-        let file = file.try_clone().map_err(|e| fail(e.to_string()))?;
-        let region = MmapRegionBuilder::new_with_bitmap(size, AtomicBitmap::with_len(size))
-            .with_file_offset(FileOffset::new(file, offset))
+        let mut builder = MmapRegionBuilder::new_with_bitmap(size, AtomicBitmap::with_len(size));
+        if let Some(file) = file {
+            let file = file.try_clone().map_err(|e| fail(e.to_string()))?;
+            builder = builder.with_file_offset(FileOffset::new(file, offset));
+        }
+        let region = builder
             .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+            .with_mmap_flags(flags)
             .build()
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(explain(e.to_string())))?;
         let region = GuestRegionMmap::new(region, GuestAddress(addr))
             .ok_or_else(|| fail(format!("the region at {addr:#x} wraps around")))?;
         mapped.push(region);
         offset += len;
-    }
-    GuestMemoryMmap::from_regions(mapped).map_err(|e| fail(e.to_string()))
-}
-
-/// Anonymous guest RAM laid out as `regions` (guest address, length) on `pages`: a new
-/// microVM's, or a snapshot's for a page-fault handler to fill.
-pub fn create_regions(regions: &[(u64, u64)], pages: HugePages) -> Result<GuestMemory, Error> {
-    let total: u64 = regions.iter().map(|r| r.1).sum();
-    let fail = |reason: String| Error::Map {
-        mib: total >> 20,
-        reason,
-    };
-    bitmap_fits(total)?;
-    let flags = match pages {
-        HugePages::None => libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-        HugePages::Hugetlbfs2M => {
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_HUGE_2MB
-        }
-    };
-    let mut mapped = Vec::with_capacity(regions.len());
-    for &(addr, len) in regions {
-        let size = usize::try_from(len)
-            .map_err(|_| fail("it does not fit the host's address space".into()))?;
-        let region = MmapRegionBuilder::new_with_bitmap(size, AtomicBitmap::with_len(size))
-            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-            .with_mmap_flags(flags)
-            .build()
-            .map_err(|e| match pages {
-                HugePages::Hugetlbfs2M => fail(huge_pool_shortage(total, &e.to_string())),
-                HugePages::None => fail(e.to_string()),
-            })?;
-        let region = GuestRegionMmap::new(region, GuestAddress(addr))
-            .ok_or_else(|| fail(format!("the region at {addr:#x} wraps around")))?;
-        mapped.push(region);
     }
     GuestMemoryMmap::from_regions(mapped).map_err(|e| fail(e.to_string()))
 }
