@@ -4,7 +4,8 @@
 #   vmlinux, bzImage      linux-source-6.1 + pvm-syscall.patch + kernel.fragment (allnoconfig)
 #   rootfs.ext4           busybox-static + init, made with mkfs.ext4 -d (no mount, no loop)
 #   initramfs.cpio.gz     the same tree as an initramfs
-#   (both carry /bin/ember-agent, the project's static guest agent, src/guest-agent)
+#   (both carry /bin/ember-agent, the project's static guest agent, src/guest-agent; the
+#   root filesystem also Debian's crun, the OCI runtime the agent runs containers with)
 # Prints the cache directory holding them on its last line.
 #
 #   guest/build.sh            build what is missing
@@ -32,7 +33,9 @@ key=$( {
     cat "$here/build.sh" "$here/init"
     echo "$kernel_key"
     pkg_version busybox-static
-    cat "$repo/Cargo.lock" "$repo/Cargo.toml" "$repo"/src/guest-agent/Cargo.toml "$repo"/src/guest-agent/src/*.rs
+    pkg_version crun
+    cat "$repo/Cargo.lock" "$repo/Cargo.toml" "$repo"/src/guest-agent/Cargo.toml
+    find "$repo/src/guest-agent/src" -name '*.rs' | sort | xargs cat
     rustc -V 2>/dev/null || true
 } | sha256sum | cut -c1-16)
 out="$cache_root/guest-$key"
@@ -45,7 +48,7 @@ if [ -f "$out/done" ]; then
     exit 0
 fi
 
-for tool in make gcc bc flex bison cpio gzip mkfs.ext4 xz patch cargo; do need "$tool"; done
+for tool in make gcc bc flex bison cpio gzip mkfs.ext4 xz patch cargo ldd crun; do need "$tool"; done
 [ -f "$source_tar" ] || { echo "guest/build.sh: $source_tar is missing (apt-get install linux-source-6.1)" >&2; exit 1; }
 [ -x /bin/busybox ] || { echo "guest/build.sh: /bin/busybox is missing (apt-get install busybox-static)" >&2; exit 1; }
 
@@ -82,7 +85,7 @@ agent="$cache_root/agent-target/x86_64-unknown-linux-gnu/release/ember-agent"
 
 echo "guest/build.sh: building the busybox root filesystem and initramfs" >&2
 tree="$work/tree"
-mkdir -p "$tree"/{bin,sbin,dev,proc,sys,tmp,etc,root,mnt}
+mkdir -p "$tree"/{bin,sbin,dev,proc,sys,tmp,etc,root,mnt,run}
 cp /bin/busybox "$tree/bin/busybox"
 cp "$here/init" "$tree/init"
 cp "$agent" "$tree/bin/ember-agent"
@@ -97,8 +100,16 @@ done
 echo "root:x:0:0:root:/root:/bin/sh" > "$tree/etc/passwd"
 printf '%s\n' "proc /proc proc defaults 0 0" "sysfs /sys sysfs defaults 0 0" \
     "tmpfs /tmp tmpfs defaults 0 0" > "$tree/etc/fstab"
-mkfs.ext4 -q -F -L ember-root -d "$tree" "$work/rootfs.ext4" 32M >/dev/null
 (cd "$tree" && find . | cpio -o -H newc --quiet) | gzip -9 > "$work/initramfs.cpio.gz"
+# The root filesystem also has crun and the shared libraries it loads, at the paths its
+# loader looks for them (5 MiB the initramfs leaves out: there every byte is unpacked at boot).
+crun=$(command -v crun)
+cp "$crun" "$tree/usr/bin/crun"
+for lib in $(ldd "$crun" | grep -o '/[^ ]*'); do
+    mkdir -p "$tree$(dirname "$lib")"
+    cp -L "$lib" "$tree$lib"
+done
+mkfs.ext4 -q -F -L ember-root -d "$tree" "$work/rootfs.ext4" 32M >/dev/null
 
 mkdir -p "$out"
 cp "$kernel_dir/vmlinux" "$kernel_dir/bzImage" "$work/rootfs.ext4" "$work/initramfs.cpio.gz" "$out/"

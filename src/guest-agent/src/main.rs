@@ -23,10 +23,13 @@
 //!                                           /dev/hwrng); prints bytes, µs, bytes per second
 //!                                           and how many distinct byte values the BYTES had
 //!   ember-agent serve PORT                  answer requests on vsock PORT (see vsock.rs)
+//!   ember-agent containers [PORT]           run OCI containers for the host on vsock PORT
+//!                                           (1025; containers/, docs/containers.md)
 //!   ember-agent echo-tcp HOST PORT          connect, then send back each line received as
 //!                                           `echo LINE`, until the peer closes (a TCP
 //!                                           connection that lives across a snapshot)
 
+mod containers;
 mod dio;
 mod raw;
 mod vsock;
@@ -51,6 +54,8 @@ fn main() {
         ["dio", mode, dev, bs, count, skip] => dio::run(mode, dev, bs, count, skip),
         ["touch", mib] => touch(mib),
         ["serve", port] => vsock::serve(port),
+        ["containers"] => containers::serve(containers::DEFAULT_PORT),
+        ["containers", port] => port_number(port).and_then(containers::serve),
         ["echo-tcp", host, port] => echo_tcp(host, port),
         ["read", file, bytes] => read_rate(file, bytes, "0"),
         ["read", file, bytes, skip] => read_rate(file, bytes, skip),
@@ -144,6 +149,10 @@ fn addr(host: &str, port: &str) -> Result<SocketAddr> {
     format!("{host}:{port}")
         .parse()
         .map_err(|e| format!("bad address {host}:{port}: {e}"))
+}
+
+fn port_number(s: &str) -> Result<u32> {
+    u32::try_from(number(s)?).map_err(|_| format!("bad port {s}"))
 }
 
 fn number(s: &str) -> Result<u64> {

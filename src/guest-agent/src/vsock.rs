@@ -71,36 +71,47 @@ fn shutdown_write(f: &File) {
     unsafe { libc::shutdown(f.as_raw_fd(), libc::SHUT_WR) };
 }
 
-/// `serve PORT`: answers connections until the guest stops.
-pub fn serve(port: &str) -> Result<String, String> {
-    let port = u32::try_from(number(port)?).map_err(|_| "bad port".to_string())?;
-    let fd = vsock_socket().map_err(|e| format!("socket: {e}"))?;
+/// A vsock socket listening on `port` for any CID.
+pub(crate) fn listener(port: u32) -> io::Result<OwnedFd> {
+    let fd = vsock_socket()?;
     let a = address(libc::VMADDR_CID_ANY, port);
     // SAFETY: `a` is a valid sockaddr_vm that outlives the call.
-    check(unsafe { libc::bind(fd.as_raw_fd(), std::ptr::addr_of!(a).cast(), ADDR_LEN) })
-        .map_err(|e| format!("bind: {e}"))?;
+    check(unsafe { libc::bind(fd.as_raw_fd(), std::ptr::addr_of!(a).cast(), ADDR_LEN) })?;
     // SAFETY: a plain syscall on a descriptor `fd` owns.
-    check(unsafe { libc::listen(fd.as_raw_fd(), 128) }).map_err(|e| format!("listen: {e}"))?;
-    println!("ember-agent: serving vsock port {port}");
+    check(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
+    Ok(fd)
+}
+
+/// The next connection on `listener` (interrupted waits are retried).
+pub(crate) fn accept(listener: &OwnedFd) -> io::Result<File> {
     loop {
         // SAFETY: null address arguments are allowed; the result is checked.
         let c = unsafe {
             libc::accept4(
-                fd.as_raw_fd(),
+                listener.as_raw_fd(),
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
                 libc::SOCK_CLOEXEC,
             )
         };
-        if c < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(format!("accept: {e}"));
+        if c >= 0 {
+            // SAFETY: `c` was just accepted and nothing else owns it.
+            return Ok(File::from(unsafe { OwnedFd::from_raw_fd(c) }));
         }
-        // SAFETY: `c` was just accepted and nothing else owns it.
-        let stream = File::from(unsafe { OwnedFd::from_raw_fd(c) });
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// `serve PORT`: answers connections until the guest stops.
+pub fn serve(port: &str) -> Result<String, String> {
+    let port = u32::try_from(number(port)?).map_err(|_| "bad port".to_string())?;
+    let fd = listener(port).map_err(|e| format!("listen on vsock port {port}: {e}"))?;
+    println!("ember-agent: serving vsock port {port}");
+    loop {
+        let stream = accept(&fd).map_err(|e| format!("accept: {e}"))?;
         std::thread::spawn(move || {
             if let Err(e) = answer(stream) {
                 eprintln!("ember-agent: vsock request failed: {e}");

@@ -1,0 +1,180 @@
+//! The container protocol, version 1 (docs/containers.md): each vsock connection carries one
+//! request, a JSON object on one line of at most [`MAX_REQUEST`] bytes, and gets one answer
+//! line, `{"ok": {...}}` or `{"error": "<sentence>"}`. A `stdio` request's connection then
+//! carries that stream's bytes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The version this agent speaks; a request names the one it was written for.
+pub const VERSION: u32 = 1;
+/// Longest request line: an OCI spec is a few KiB, a large one tens.
+pub const MAX_REQUEST: usize = 1 << 20;
+
+/// Reads a request line: the version first (`v`), then the operation it names (`op`) with
+/// its fields, unknown ones refused.
+pub fn parse(line: &str) -> Result<Op, String> {
+    let mut value: Value =
+        serde_json::from_str(line).map_err(|e| format!("the request is not JSON: {e}"))?;
+    let object = value
+        .as_object_mut()
+        .ok_or("the request is not a JSON object")?;
+    match object.remove("v").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(VERSION) => {}
+        Some(v) => {
+            return Err(format!(
+                "protocol version {v} is not spoken here (this agent speaks {VERSION})"
+            ))
+        }
+        None => return Err("the request has no protocol version (\"v\": 1)".into()),
+    }
+    serde_json::from_value(value).map_err(|e| format!("bad request: {e}"))
+}
+
+/// Where a container's root filesystem comes from: a block device the VM has.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rootfs {
+    pub device: String,
+    pub fstype: String,
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdin,
+    Stdout,
+    Stderr,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Op {
+    /// The agent's version and the OCI runtime it drives.
+    Ping,
+    /// Mounts the root filesystem and creates the container from an OCI runtime spec
+    /// (`config.json`'s content); its init waits for `start`.
+    Create {
+        id: String,
+        spec: Value,
+        rootfs: Rootfs,
+    },
+    /// Registers a process (an OCI `process` object) to run in a created container.
+    Exec {
+        id: String,
+        exec_id: String,
+        process: Value,
+    },
+    /// Starts the init, or an exec registered before.
+    Start {
+        id: String,
+        #[serde(default)]
+        exec_id: Option<String>,
+    },
+    /// Answers once the process has exited, with its status.
+    Wait {
+        id: String,
+        #[serde(default)]
+        exec_id: Option<String>,
+    },
+    State {
+        id: String,
+        #[serde(default)]
+        exec_id: Option<String>,
+    },
+    /// Signals the process (`all`: every process of the container).
+    Kill {
+        id: String,
+        #[serde(default)]
+        exec_id: Option<String>,
+        signal: i32,
+        #[serde(default)]
+        all: bool,
+    },
+    /// The rest of the connection is the process's `stream`.
+    Stdio {
+        id: String,
+        #[serde(default)]
+        exec_id: Option<String>,
+        stream: Stream,
+    },
+    /// The process's terminal size.
+    Resize {
+        id: String,
+        #[serde(default)]
+        exec_id: Option<String>,
+        width: u16,
+        height: u16,
+    },
+    /// Ends the process's standard input.
+    CloseStdin {
+        id: String,
+        #[serde(default)]
+        exec_id: Option<String>,
+    },
+    /// Forgets an exited exec, or removes the container (killing what runs in it).
+    Delete {
+        id: String,
+        #[serde(default)]
+        exec_id: Option<String>,
+    },
+}
+
+/// Which process of a container: its init (no `exec_id`) or one of its execs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub id: String,
+    pub exec_id: Option<String>,
+}
+
+impl Op {
+    /// The process the request is about, if it names one.
+    pub fn target(&self) -> Option<Target> {
+        let (id, exec_id) = match self {
+            Op::Ping => return None,
+            Op::Create { id, .. } => (id, None),
+            Op::Exec { id, exec_id, .. } => (id, Some(exec_id)),
+            Op::Start { id, exec_id }
+            | Op::Wait { id, exec_id }
+            | Op::State { id, exec_id }
+            | Op::Kill { id, exec_id, .. }
+            | Op::Stdio { id, exec_id, .. }
+            | Op::Resize { id, exec_id, .. }
+            | Op::CloseStdin { id, exec_id }
+            | Op::Delete { id, exec_id } => (id, exec_id.as_ref()),
+        };
+        Some(Target {
+            id: id.clone(),
+            exec_id: exec_id.cloned(),
+        })
+    }
+}
+
+/// A process's state, as containerd names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Created,
+    Running,
+    Stopped,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StateReply {
+    pub status: Status,
+    pub pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i32>,
+}
+
+/// IDs name directories and runtime state: letters, digits, `_`, `-` and `.`, 1 to 64, not
+/// starting with a dot.
+pub fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
