@@ -96,12 +96,18 @@ fn answer(mut conn: File) {
             }
             return;
         }
+        // An exec's streams exist once it starts: the host takes them before its `start`,
+        // so the answer comes now and the stream when there is one.
+        if !process.output_available(stream) {
+            return reply(
+                &mut conn,
+                Err("the stream is already attached, or the process has none".into()),
+            );
+        }
+        reply(&mut conn, Ok(serde_json::json!({})));
         match process.take_output(stream) {
-            Ok(from) => {
-                reply(&mut conn, Ok(serde_json::json!({})));
-                process::copy_out(from, conn);
-            }
-            Err(e) => reply(&mut conn, Err(e)),
+            Ok(from) => process::copy_out(from, conn),
+            Err(e) => eprintln!("ember-agent: stdio: {e}"),
         }
         return;
     }

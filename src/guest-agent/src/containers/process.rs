@@ -188,7 +188,22 @@ impl Process {
         Ok(())
     }
 
-    /// The agent's end of the process's stdout or stderr, given to one connection only.
+    /// Whether `stream` can still be given to a connection: true for one in place and not
+    /// taken, and for every stream of a process whose streams are not in place yet.
+    pub fn output_available(&self, stream: Stream) -> bool {
+        if !*self.ready.lock().unwrap_or_else(|e| e.into_inner()) {
+            return true;
+        }
+        let slot = match stream {
+            Stream::Stdout => &self.stdout,
+            Stream::Stderr => &self.stderr,
+            Stream::Stdin => &self.stdin,
+        };
+        slot.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// The agent's end of the process's stdout or stderr, given to one connection only;
+    /// waits until the streams are in place.
     pub fn take_output(&self, stream: Stream) -> Result<File, String> {
         self.wait_ready();
         let slot = match stream {
