@@ -120,7 +120,7 @@ fn handle(op: Op) -> Result<serde_json::Value, String> {
     let target = op.target();
     let process = || runtime::process(target.as_ref().expect("the op names a process"));
     match op {
-        Op::Ping => Ok(json!({"version": VERSION, "runtime": runtime::RUNTIME})),
+        Op::Ping {} => Ok(json!({"version": VERSION, "runtime": runtime::RUNTIME})),
         Op::Create { id, spec, rootfs } => {
             runtime::create(&id, spec, &rootfs).map(|pid| json!({ "pid": pid }))
         }

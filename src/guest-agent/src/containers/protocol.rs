@@ -52,8 +52,9 @@ pub enum Stream {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Op {
-    /// The agent's version and the OCI runtime it drives.
-    Ping,
+    /// The agent's version and the OCI runtime it drives. (A struct variant: serde lets a
+    /// unit variant of a tagged enum carry any fields.)
+    Ping {},
     /// Mounts the root filesystem and creates the container from an OCI runtime spec
     /// (`config.json`'s content); its init waits for `start`.
     Create {
@@ -133,7 +134,7 @@ impl Op {
     /// The process the request is about, if it names one.
     pub fn target(&self) -> Option<Target> {
         let (id, exec_id) = match self {
-            Op::Ping => return None,
+            Op::Ping {} => return None,
             Op::Create { id, .. } => (id, None),
             Op::Exec { id, exec_id, .. } => (id, Some(exec_id)),
             Op::Start { id, exec_id }
@@ -177,4 +178,37 @@ pub fn valid_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_read_by_version_and_unknown_fields_refused() {
+        assert!(matches!(parse(r#"{"v":1,"op":"ping"}"#), Ok(Op::Ping {})));
+        let refused = |line: &str| parse(line).unwrap_err();
+        assert!(refused(r#"{"v":1,"op":"ping","extra":1}"#).contains("unknown field"));
+        assert!(refused(r#"{"op":"ping"}"#).contains("no protocol version"));
+        assert!(refused(r#"{"v":2,"op":"ping"}"#).contains("version 2 is not spoken"));
+        assert!(refused(r#"{"v":1,"op":"fly"}"#).contains("unknown variant"));
+        assert!(refused(r#"{"v":1,"op":"start","id":"a","exec":"b"}"#).contains("unknown field"));
+        assert!(refused("[1]").contains("not a JSON object"));
+        let start = parse(r#"{"v":1,"op":"start","id":"a","exec_id":"b"}"#).unwrap();
+        let target = start.target().unwrap();
+        assert_eq!(
+            (target.id.as_str(), target.exec_id.as_deref()),
+            ("a", Some("b"))
+        );
+    }
+
+    #[test]
+    fn ids_are_names_not_paths() {
+        for good in ["a", "ctr-1.2_x", &"x".repeat(64)] {
+            assert!(valid_id(good), "{good}");
+        }
+        for bad in ["", ".hidden", "../x", "a/b", "a b", &"x".repeat(65)] {
+            assert!(!valid_id(bad), "{bad}");
+        }
+    }
 }
