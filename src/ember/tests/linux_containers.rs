@@ -75,8 +75,8 @@ fn ask(uds: &Path, request: &Value) -> Value {
     serde_json::from_str(read_line(&mut s).trim_end()).expect("a JSON answer")
 }
 
-fn ok(uds: &Path, request: Value) -> Value {
-    let answer = ask(uds, &request);
+fn ok(uds: &Path, request: &Value) -> Value {
+    let answer = ask(uds, request);
     assert!(answer.get("ok").is_some(), "{request} answered {answer}");
     answer["ok"].clone()
 }
@@ -100,16 +100,16 @@ fn rootfs() -> Value {
 fn run(uds: &Path, id: &str, args: &[&str]) -> (String, i64) {
     ok(
         uds,
-        json!({"v": 1, "op": "create", "id": id, "spec": spec(args, false), "rootfs": rootfs()}),
+        &json!({"v": 1, "op": "create", "id": id, "spec": spec(args, false), "rootfs": rootfs()}),
     );
     let mut out = stream(uds, id, None, "stdout");
-    ok(uds, json!({"v": 1, "op": "start", "id": id}));
+    ok(uds, &json!({"v": 1, "op": "start", "id": id}));
     let mut text = String::new();
     out.read_to_string(&mut text).unwrap();
-    let status = ok(uds, json!({"v": 1, "op": "wait", "id": id}))["exit_status"]
+    let status = ok(uds, &json!({"v": 1, "op": "wait", "id": id}))["exit_status"]
         .as_i64()
         .unwrap();
-    ok(uds, json!({"v": 1, "op": "delete", "id": id}));
+    ok(uds, &json!({"v": 1, "op": "delete", "id": id}));
     (text, status)
 }
 
@@ -152,21 +152,21 @@ fn linux_runs_oci_containers_for_the_host_with_crun() {
     ];
     ok(
         &uds,
-        json!({"v": 1, "op": "create", "id": "svc", "spec": spec(&init, false), "rootfs": rootfs()}),
+        &json!({"v": 1, "op": "create", "id": "svc", "spec": spec(&init, false), "rootfs": rootfs()}),
     );
     let mut init_out = stream(&uds, "svc", None, "stdout");
-    ok(&uds, json!({"v": 1, "op": "start", "id": "svc"}));
+    ok(&uds, &json!({"v": 1, "op": "start", "id": "svc"}));
     assert_eq!(read_line_of(&mut init_out), "up\n");
     let process = json!({"args": ["sh", "-c", "cat /proc/1/comm; echo from-exec; exit 5"],
         "env": ["PATH=/bin"], "cwd": "/", "user": {"uid": 0, "gid": 0}});
     ok(
         &uds,
-        json!({"v": 1, "op": "exec", "id": "svc", "exec_id": "e1", "process": process}),
+        &json!({"v": 1, "op": "exec", "id": "svc", "exec_id": "e1", "process": process}),
     );
     let mut exec_out = stream(&uds, "svc", Some("e1"), "stdout");
     ok(
         &uds,
-        json!({"v": 1, "op": "start", "id": "svc", "exec_id": "e1"}),
+        &json!({"v": 1, "op": "start", "id": "svc", "exec_id": "e1"}),
     );
     let mut text = String::new();
     exec_out.read_to_string(&mut text).unwrap();
@@ -176,47 +176,47 @@ fn linux_runs_oci_containers_for_the_host_with_crun() {
     );
     let waited = ok(
         &uds,
-        json!({"v": 1, "op": "wait", "id": "svc", "exec_id": "e1"}),
+        &json!({"v": 1, "op": "wait", "id": "svc", "exec_id": "e1"}),
     );
     assert_eq!(waited["exit_status"], 5);
-    let state = ok(&uds, json!({"v": 1, "op": "state", "id": "svc"}));
+    let state = ok(&uds, &json!({"v": 1, "op": "state", "id": "svc"}));
     assert_eq!(state["status"], "running");
     ok(
         &uds,
-        json!({"v": 1, "op": "kill", "id": "svc", "signal": 15}),
+        &json!({"v": 1, "op": "kill", "id": "svc", "signal": 15}),
     );
-    let waited = ok(&uds, json!({"v": 1, "op": "wait", "id": "svc"}));
+    let waited = ok(&uds, &json!({"v": 1, "op": "wait", "id": "svc"}));
     assert_eq!(
         waited["exit_status"], 3,
         "SIGTERM reached the container's trap"
     );
     ok(
         &uds,
-        json!({"v": 1, "op": "delete", "id": "svc", "exec_id": "e1"}),
+        &json!({"v": 1, "op": "delete", "id": "svc", "exec_id": "e1"}),
     );
-    ok(&uds, json!({"v": 1, "op": "delete", "id": "svc"}));
+    ok(&uds, &json!({"v": 1, "op": "delete", "id": "svc"}));
 
     // A terminal: what is typed reaches the shell, which answers on the same stream.
     ok(
         &uds,
-        json!({"v": 1, "op": "create", "id": "tty", "spec": spec(&["sh"], true), "rootfs": rootfs()}),
+        &json!({"v": 1, "op": "create", "id": "tty", "spec": spec(&["sh"], true), "rootfs": rootfs()}),
     );
     let mut term = stream(&uds, "tty", None, "stdout");
     let mut keys = stream(&uds, "tty", None, "stdin");
     ok(
         &uds,
-        json!({"v": 1, "op": "resize", "id": "tty", "width": 100, "height": 40}),
+        &json!({"v": 1, "op": "resize", "id": "tty", "width": 100, "height": 40}),
     );
-    ok(&uds, json!({"v": 1, "op": "start", "id": "tty"}));
+    ok(&uds, &json!({"v": 1, "op": "start", "id": "tty"}));
     keys.write_all(b"echo answer-$((6 * 7)); stty size; exit 9\n")
         .unwrap();
     let mut screen = String::new();
     term.read_to_string(&mut screen).unwrap();
     assert!(screen.contains("answer-42"), "{screen:?}");
     assert!(screen.contains("40 100"), "{screen:?}");
-    let waited = ok(&uds, json!({"v": 1, "op": "wait", "id": "tty"}));
+    let waited = ok(&uds, &json!({"v": 1, "op": "wait", "id": "tty"}));
     assert_eq!(waited["exit_status"], 9);
-    ok(&uds, json!({"v": 1, "op": "delete", "id": "tty"}));
+    ok(&uds, &json!({"v": 1, "op": "delete", "id": "tty"}));
 
     // Bad requests get one error line each, and the service goes on.
     for (request, error) in [
@@ -263,10 +263,10 @@ fn linux_runs_oci_containers_for_the_host_with_crun() {
         let started = ask(&uds, &json!({"v": 1, "op": "start", "id": "badspec"}));
         eprintln!("its start: {started}");
         if started.get("ok").is_some() {
-            let waited = ok(&uds, json!({"v": 1, "op": "wait", "id": "badspec"}));
+            let waited = ok(&uds, &json!({"v": 1, "op": "wait", "id": "badspec"}));
             assert_ne!(waited["exit_status"], 0);
         }
-        ok(&uds, json!({"v": 1, "op": "delete", "id": "badspec"}));
+        ok(&uds, &json!({"v": 1, "op": "delete", "id": "badspec"}));
     } else {
         assert!(
             answer["error"].as_str().unwrap().contains("crun create"),
