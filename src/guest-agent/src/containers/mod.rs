@@ -7,6 +7,7 @@ mod console;
 mod process;
 pub mod protocol;
 mod reaper;
+mod rootfs;
 mod runtime;
 
 use std::fs::File;

@@ -31,7 +31,23 @@ pub fn parse(line: &str) -> Result<Op, String> {
     serde_json::from_value(value).map_err(|e| format!("bad request: {e}"))
 }
 
-/// Where a container's root filesystem comes from: a block device the VM has.
+/// A block device the VM has: a path (`/dev/vdb`) or, without a leading `/`, the ID of a
+/// virtio disk (its serial, which Ember sets to the drive's `drive_id`). With `size`, the
+/// agent first waits until the device has that many bytes: a drive the host has just
+/// pointed at another file (`PATCH /drives`) reaches its new size a moment later.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Disk {
+    pub device: String,
+    pub fstype: String,
+    #[serde(default)]
+    pub options: Vec<String>,
+    #[serde(default)]
+    pub size: Option<u64>,
+}
+
+/// Where a container's root filesystem comes from: one disk, or (with `writable`) a
+/// read-only image of its layers under an overlay whose upper layer is a writable disk.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rootfs {
@@ -39,6 +55,22 @@ pub struct Rootfs {
     pub fstype: String,
     #[serde(default)]
     pub options: Vec<String>,
+    #[serde(default)]
+    pub size: Option<u64>,
+    #[serde(default)]
+    pub writable: Option<Disk>,
+}
+
+impl Rootfs {
+    /// The disk named at the top level.
+    pub fn disk(&self) -> Disk {
+        Disk {
+            device: self.device.clone(),
+            fstype: self.fstype.clone(),
+            options: self.options.clone(),
+            size: self.size,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

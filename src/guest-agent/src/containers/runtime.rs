@@ -15,6 +15,7 @@ use super::console;
 use super::process::{Process, Stdio};
 use super::protocol::{valid_id, Rootfs, Target};
 use super::reaper;
+use super::rootfs;
 
 pub const RUNTIME: &str = "/usr/bin/crun";
 pub const BUNDLES: &str = "/run/ember/containers";
@@ -153,52 +154,6 @@ fn adapt(mut spec: Value) -> Result<(Value, bool), String> {
     Ok((spec, terminal))
 }
 
-fn mount(rootfs: &Rootfs, at: &Path) -> Result<(), String> {
-    use std::ffi::CString;
-    let c = |s: &str| CString::new(s).map_err(|_| format!("{s:?} has a NUL byte"));
-    let mut flags = 0;
-    let mut data = Vec::new();
-    for o in &rootfs.options {
-        match o.as_str() {
-            "ro" => flags |= libc::MS_RDONLY,
-            "rw" => {}
-            other => data.push(other),
-        }
-    }
-    let (dev, dir, fstype, data) = (
-        c(&rootfs.device)?,
-        c(&at.to_string_lossy())?,
-        c(&rootfs.fstype)?,
-        c(&data.join(","))?,
-    );
-    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
-    let rc = unsafe {
-        libc::mount(
-            dev.as_ptr(),
-            dir.as_ptr(),
-            fstype.as_ptr(),
-            flags,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(format!(
-            "cannot mount {} ({}) for the root filesystem: {}",
-            rootfs.device,
-            rootfs.fstype,
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
-}
-
-fn unmount(at: &Path) {
-    if let Ok(dir) = std::ffi::CString::new(at.to_string_lossy().as_bytes()) {
-        // SAFETY: a NUL-terminated path that outlives the call.
-        unsafe { libc::umount2(dir.as_ptr(), libc::MNT_DETACH) };
-    }
-}
-
 fn read_pid(file: &Path) -> Result<u32, String> {
     std::fs::read_to_string(file)
         .ok()
@@ -256,11 +211,9 @@ pub fn create(id: &str, spec: Value, rootfs: &Rootfs) -> Result<u32, String> {
     }
     let (spec, terminal) = adapt(spec)?;
     let bundle = Path::new(BUNDLES).join(id);
-    let root = bundle.join("rootfs");
-    std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
-    mount(rootfs, &root)?;
+    rootfs::mount(rootfs, &bundle)?;
     let undo = |e: String| {
-        unmount(&root);
+        rootfs::unmount(&bundle);
         let _ = std::fs::remove_dir_all(&bundle);
         e
     };
@@ -398,7 +351,7 @@ pub fn delete(target: &Target) -> Result<i32, String> {
     let c = all.remove(&target.id).expect("looked up above");
     drop(all);
     let deleted = crun(&c.bundle, &["delete", "--force", &target.id], nothing());
-    unmount(&c.bundle.join("rootfs"));
+    rootfs::unmount(&c.bundle);
     let _ = std::fs::remove_dir_all(&c.bundle);
     deleted?;
     Ok(c.init.state().exit_status.unwrap_or(0))

@@ -1,0 +1,106 @@
+//! The guest agent's container service (protocol v1, docs/containers.md), reached through
+//! the sandbox's vsock socket: one request per connection.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// The agent's vsock port (`ember-agent containers`' default).
+pub const PORT: u32 = 1025;
+/// An answer line is small; the agent's longest is an error sentence.
+const MAX_ANSWER: u64 = 64 << 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach the guest agent: {0}")]
+    Unreachable(std::io::Error),
+    #[error("the guest agent did not answer: {0}")]
+    NoAnswer(String),
+    /// The agent's own sentence.
+    #[error("{0}")]
+    Refused(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Agent {
+    /// Ember's host side of the VM's vsock device.
+    pub uds: PathBuf,
+}
+
+impl Agent {
+    fn connect(&self, timeout: Option<Duration>) -> Result<UnixStream, Error> {
+        let mut s = UnixStream::connect(&self.uds).map_err(Error::Unreachable)?;
+        s.set_read_timeout(timeout.or(Some(Duration::from_secs(30))))
+            .map_err(Error::Unreachable)?;
+        s.write_all(format!("CONNECT {PORT}\n").as_bytes())
+            .map_err(Error::Unreachable)?;
+        let line = read_line(&mut s).map_err(Error::Unreachable)?;
+        if !line.starts_with("OK ") {
+            return Err(Error::Unreachable(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                format!("vsock port {PORT}: {}", line.trim_end()),
+            )));
+        }
+        s.set_read_timeout(timeout).map_err(Error::Unreachable)?;
+        Ok(s)
+    }
+
+    /// Sends `request` (its `op` and fields) and returns what the agent answered `ok` with.
+    /// `timeout` bounds the wait for the answer (`None`: a `wait` for a process's exit).
+    pub fn call(&self, mut request: Value, timeout: Option<Duration>) -> Result<Value, Error> {
+        request["v"] = json!(1);
+        let mut s = self.connect(timeout)?;
+        s.write_all(format!("{request}\n").as_bytes())
+            .map_err(|e| Error::NoAnswer(e.to_string()))?;
+        answer(&mut s)
+    }
+
+    /// The same, with the usual bound of a quick request.
+    pub fn ask(&self, request: Value) -> Result<Value, Error> {
+        self.call(request, Some(Duration::from_secs(60)))
+    }
+
+    /// A process's stream (`stdin`, `stdout`, `stderr`): the connection after the agent's
+    /// `ok`.
+    pub fn stream(
+        &self,
+        id: &str,
+        exec_id: Option<&str>,
+        which: &str,
+    ) -> Result<UnixStream, Error> {
+        let mut s = self.connect(Some(Duration::from_secs(60)))?;
+        let request = json!({"v": 1, "op": "stdio", "id": id, "exec_id": exec_id, "stream": which});
+        s.write_all(format!("{request}\n").as_bytes())
+            .map_err(|e| Error::NoAnswer(e.to_string()))?;
+        answer(&mut s)?;
+        s.set_read_timeout(None).map_err(Error::Unreachable)?;
+        Ok(s)
+    }
+}
+
+fn answer(s: &mut UnixStream) -> Result<Value, Error> {
+    let line = read_line(s).map_err(|e| Error::NoAnswer(e.to_string()))?;
+    if line.is_empty() {
+        return Err(Error::NoAnswer("the connection ended".into()));
+    }
+    let mut value: Value = serde_json::from_str(line.trim_end())
+        .map_err(|e| Error::NoAnswer(format!("an answer that is not JSON ({e})")))?;
+    if let Some(ok) = value.get_mut("ok") {
+        return Ok(ok.take());
+    }
+    let sentence = value["error"]
+        .as_str()
+        .unwrap_or("an answer without ok or error");
+    Err(Error::Refused(sentence.to_string()))
+}
+
+/// One line, byte by byte, so that nothing after it (a stream's first bytes) is consumed.
+fn read_line(s: &mut UnixStream) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    let mut reader = BufReader::with_capacity(1, s).take(MAX_ANSWER);
+    reader.read_until(b'\n', &mut line)?;
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}

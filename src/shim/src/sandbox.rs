@@ -1,0 +1,329 @@
+//! One sandbox, one microVM: the `ember` process the shim starts for the first container of
+//! a sandbox, configured from a file with its API socket kept open, and the disks its
+//! containers' root filesystems reach the guest through.
+//!
+//! Ember, like Firecracker, cannot add a disk to a running VM, so a sandbox boots with
+//! `slots` pairs of placeholder disks (`layersN` read-only, `upperN` writable, small sparse
+//! files); a container takes a free pair and the shim points it at the container's layer
+//! image and writable layer with `PATCH /drives`, which tells the guest the new size.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::agent::Agent;
+use crate::config::Config;
+use crate::http;
+
+/// Placeholder disks are this big (sparse): a size every guest driver accepts.
+const STUB_BYTES: u64 = 1 << 20;
+const BASE_ARGS: &str =
+    "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot prepare the sandbox directory {0}: {1}")]
+    Dir(PathBuf, std::io::Error),
+    #[error("cannot start {0}: {1}")]
+    Spawn(PathBuf, std::io::Error),
+    #[error("the sandbox's ember exited while its guest booted ({0}); its console log is {1}")]
+    DiedBooting(String, PathBuf),
+    #[error("the sandbox's guest agent did not answer within {0} s; its console log is {1}")]
+    BootTimeout(u64, PathBuf),
+    #[error("the sandbox's VM has ended ({0})")]
+    Gone(String),
+    #[error("all {0} container slots of the sandbox are in use")]
+    Full(usize),
+    #[error("ember refused {0}: {1}")]
+    Api(String, String),
+}
+
+/// Files of a sandbox, under its directory.
+pub struct Paths {
+    pub dir: PathBuf,
+}
+
+impl Paths {
+    pub fn api(&self) -> PathBuf {
+        self.dir.join("api.sock")
+    }
+    pub fn vsock(&self) -> PathBuf {
+        self.dir.join("vsock.sock")
+    }
+    pub fn console(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+    pub fn pid(&self) -> PathBuf {
+        self.dir.join("ember.pid")
+    }
+    fn stub_ro(&self) -> PathBuf {
+        self.dir.join("stub-ro")
+    }
+    fn stub_rw(&self, slot: usize) -> PathBuf {
+        self.dir.join(format!("stub-rw{slot}"))
+    }
+}
+
+#[derive(Debug)]
+pub struct Sandbox {
+    pub dir: PathBuf,
+    pub agent: Agent,
+    pub pid: u32,
+    /// Which container holds each slot.
+    slots: Mutex<Vec<Option<String>>>,
+    /// Why ember ended, once it has.
+    ended: Arc<(Mutex<Option<String>>, Condvar)>,
+}
+
+impl Sandbox {
+    /// Starts the VM and waits until its agent answers.
+    pub fn boot(config: &Config, dir: PathBuf, mem_size_mib: u32) -> Result<Sandbox, Error> {
+        let paths = Paths { dir: dir.clone() };
+        let io = |e| Error::Dir(dir.clone(), e);
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        for stub in
+            std::iter::once(paths.stub_ro()).chain((0..config.slots).map(|i| paths.stub_rw(i)))
+        {
+            std::fs::File::create(&stub)
+                .and_then(|f| f.set_len(STUB_BYTES))
+                .map_err(io)?;
+        }
+        let vm = vm_config(config, &paths, mem_size_mib);
+        let vm_file = dir.join("vm.json");
+        std::fs::write(&vm_file, vm.to_string()).map_err(io)?;
+        let console = std::fs::File::create(paths.console()).map_err(io)?;
+        let console2 = console.try_clone().map_err(io)?;
+        let _ = std::fs::remove_file(paths.api());
+        let _ = std::fs::remove_file(paths.vsock());
+
+        let binary = config.ember_binary();
+        let mut command = Command::new(&binary);
+        command
+            .arg("--api-sock")
+            .arg(paths.api())
+            .arg("--config-file")
+            .arg(&vm_file)
+            .stdin(Stdio::null())
+            .stdout(console)
+            .stderr(console2);
+        kill_with_parent(&mut command);
+        // The child is spawned and waited for by a thread of its own that lives as long as
+        // it does: the parent-death signal is tied to the thread that spawned it.
+        let ended = Arc::new((Mutex::new(None), Condvar::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ended2 = ended.clone();
+        std::thread::Builder::new()
+            .name("ember".into())
+            .spawn(move || {
+                let mut child = match command.spawn() {
+                    Ok(child) => child,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = tx.send(Ok(child.id()));
+                let why = match child.wait() {
+                    Ok(status) => status.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                log::info!("the sandbox's ember ended: {why}");
+                *ended2.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                ended2.1.notify_all();
+            })
+            .map_err(|e| Error::Spawn(binary.clone(), e))?;
+        let pid = rx
+            .recv()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the ember thread ended")))
+            .map_err(|e| Error::Spawn(binary.clone(), e))?;
+        let _ = std::fs::write(paths.pid(), pid.to_string());
+        let sandbox = Sandbox {
+            dir,
+            agent: Agent { uds: paths.vsock() },
+            pid,
+            slots: Mutex::new(vec![None; config.slots]),
+            ended,
+        };
+        sandbox.wait_for_agent(Duration::from_secs(config.boot_timeout_secs))?;
+        Ok(sandbox)
+    }
+
+    fn paths(&self) -> Paths {
+        Paths {
+            dir: self.dir.clone(),
+        }
+    }
+
+    fn wait_for_agent(&self, timeout: Duration) -> Result<(), Error> {
+        let start = Instant::now();
+        loop {
+            if let Some(why) = self.ended() {
+                return Err(Error::DiedBooting(why, self.paths().console()));
+            }
+            if self.agent.ask(json!({"op": "ping"})).is_ok() {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                self.stop();
+                return Err(Error::BootTimeout(
+                    timeout.as_secs(),
+                    self.paths().console(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Why ember ended, if it has.
+    pub fn ended(&self) -> Option<String> {
+        self.ended
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Gives `container` a free slot whose disks now read `image` and `writable`; the slot.
+    pub fn attach(&self, container: &str, image: &Path, writable: &Path) -> Result<usize, Error> {
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            let free = slots
+                .iter()
+                .position(Option::is_none)
+                .ok_or(Error::Full(slots.len()))?;
+            slots[free] = Some(container.to_string());
+            free
+        };
+        let patched = self
+            .point(&format!("layers{slot}"), image)
+            .and_then(|()| self.point(&format!("upper{slot}"), writable));
+        if let Err(e) = patched {
+            self.detach(slot);
+            return Err(e);
+        }
+        Ok(slot)
+    }
+
+    /// Points `slot`'s disks back at the placeholders and frees it.
+    pub fn detach(&self, slot: usize) {
+        let paths = self.paths();
+        let _ = self.point(&format!("layers{slot}"), &paths.stub_ro());
+        let _ = self.point(&format!("upper{slot}"), &paths.stub_rw(slot));
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slots.get_mut(slot) {
+            *s = None;
+        }
+    }
+
+    fn point(&self, drive: &str, file: &Path) -> Result<(), Error> {
+        if let Some(why) = self.ended() {
+            return Err(Error::Gone(why));
+        }
+        let body = json!({"drive_id": drive, "path_on_host": file}).to_string();
+        let what = format!("PATCH /drives/{drive}");
+        let (status, answer) = http::request(
+            &self.paths().api(),
+            "PATCH",
+            &format!("/drives/{drive}"),
+            &body,
+        )
+        .map_err(|e| Error::Api(what.clone(), e.to_string()))?;
+        if status != 204 {
+            let sentence = serde_json::from_str::<Value>(&answer)
+                .ok()
+                .and_then(|v| v["fault_message"].as_str().map(str::to_string))
+                .unwrap_or(answer);
+            return Err(Error::Api(what, sentence));
+        }
+        Ok(())
+    }
+
+    /// Ends the VM (SIGKILL: the guest holds nothing the host needs) and removes the
+    /// sandbox's files.
+    pub fn stop(&self) {
+        if self.ended().is_none() {
+            // SAFETY: kill(2) on the pid of our own child, which its thread has not reaped
+            // (ended is unset), so the pid is still ours.
+            unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+            let guard = self.ended.0.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = self
+                .ended
+                .1
+                .wait_timeout_while(guard, Duration::from_secs(10), |why| why.is_none());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Cleans up after a shim that died: ends the sandbox's ember if it still runs (it is the
+/// one whose command line names this sandbox's API socket) and removes the directory.
+pub fn clean_up(dir: &Path) {
+    let paths = Paths {
+        dir: dir.to_path_buf(),
+    };
+    if let Some(pid) = std::fs::read_to_string(paths.pid())
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok())
+    {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let api = paths.api();
+        let ours = cmdline
+            .split(|&b| b == 0)
+            .any(|arg| arg == api.as_os_str().as_encoded_bytes());
+        if ours {
+            // SAFETY: kill(2) on a process whose command line names this sandbox's socket.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            for _ in 0..100 {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The VM: the project's guest with the agent's container service as its command, the
+/// vsock device, and the placeholder disks.
+fn vm_config(config: &Config, paths: &Paths, mem_size_mib: u32) -> Value {
+    let mut drives = vec![json!({"drive_id": "rootfs", "path_on_host": config.rootfs,
+        "is_root_device": true, "is_read_only": true})];
+    for slot in 0..config.slots {
+        drives.push(
+            json!({"drive_id": format!("layers{slot}"), "path_on_host": paths.stub_ro(),
+            "is_root_device": false, "is_read_only": true}),
+        );
+        drives.push(
+            json!({"drive_id": format!("upper{slot}"), "path_on_host": paths.stub_rw(slot),
+            "is_root_device": false, "is_read_only": false}),
+        );
+    }
+    json!({
+        "boot-source": {
+            "kernel_image_path": config.kernel,
+            "boot_args": format!("{BASE_ARGS} {} ember_cmd=\"ember-agent containers\"", config.boot_args),
+        },
+        "drives": drives,
+        "machine-config": {"vcpu_count": config.vcpu_count, "mem_size_mib": mem_size_mib},
+        "vsock": {"guest_cid": 3, "uds_path": paths.vsock()},
+    })
+}
+
+/// The child gets SIGKILL when the thread that spawned it ends (with the shim, or killed).
+fn kill_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
+    // parent; it is all the closure does between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

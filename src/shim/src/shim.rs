@@ -1,0 +1,128 @@
+//! The shim's lifecycle as containerd drives it: `start` (one shim, and one VM, per
+//! sandbox), serving the task service, and `delete` after a shim died.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use containerd_shim::api::DeleteResponse;
+use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::{Config as ShimConfig, ExitSignal, Flags, StartOpts};
+
+use crate::config::Config;
+use crate::events::{timestamp, Events};
+use crate::sandbox;
+use crate::task::Service;
+
+/// The annotation by which CRI (and `ctr run --annotation`) puts containers in one sandbox.
+pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// The largest `config.json` read.
+pub const MAX_SPEC: u64 = 4 << 20;
+
+pub struct EmberShim {
+    namespace: String,
+    id: String,
+    exit: Arc<ExitSignal>,
+}
+
+impl std::fmt::Debug for EmberShim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmberShim")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The OCI spec in `bundle`.
+pub fn read_spec(bundle: &Path) -> Result<serde_json::Value, String> {
+    use std::io::Read;
+    let path = bundle.join("config.json");
+    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut text = String::new();
+    file.take(MAX_SPEC)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{} is not an OCI spec: {e}", path.display()))
+}
+
+/// Which sandbox a container belongs to: its sandbox annotation, else its own ID.
+pub fn grouping(spec: &serde_json::Value, id: &str) -> String {
+    spec["annotations"][SANDBOX_ID]
+        .as_str()
+        .filter(|s| !s.is_empty() && !s.contains('/') && !s.starts_with('.'))
+        .unwrap_or(id)
+        .to_string()
+}
+
+/// Where a sandbox's state lives.
+pub fn sandbox_dir(config: &Config, namespace: &str, grouping: &str) -> PathBuf {
+    config.state_dir.join(namespace).join(grouping)
+}
+
+impl containerd_shim::Shim for EmberShim {
+    type T = Service;
+
+    fn new(_runtime_id: &str, args: &Flags, config: &mut ShimConfig) -> Self {
+        // The shim waits for its own children (ember, mkfs.ext4); a reaper taking them
+        // would leave those waits without a status.
+        config.no_reaper = true;
+        config.no_sub_reaper = true;
+        EmberShim {
+            namespace: args.namespace.clone(),
+            id: args.id.clone(),
+            exit: Arc::new(ExitSignal::default()),
+        }
+    }
+
+    fn start_shim(&mut self, opts: StartOpts) -> Result<String, containerd_shim::Error> {
+        let spec = read_spec(Path::new(".")).unwrap_or_default();
+        let group = grouping(&spec, &opts.id);
+        let (_, address) = containerd_shim::spawn(opts, &group, Vec::new())?;
+        Ok(address)
+    }
+
+    fn delete_shim(&mut self) -> Result<DeleteResponse, containerd_shim::Error> {
+        // The shim that ran this container is gone, and its VM with it (or it is ended
+        // now): nothing of the sandbox is left behind.
+        if let Ok(config) = Config::load() {
+            let spec = read_spec(Path::new(".")).unwrap_or_default();
+            let dir = sandbox_dir(&config, &self.namespace, &grouping(&spec, &self.id));
+            sandbox::clean_up(&dir);
+        }
+        Ok(DeleteResponse {
+            exit_status: 128 + libc::SIGKILL as u32,
+            exited_at: MessageField::some(timestamp(SystemTime::now())),
+            ..Default::default()
+        })
+    }
+
+    fn wait(&mut self) {
+        self.exit.wait();
+    }
+
+    fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
+        Service::new(
+            &self.namespace,
+            Events::new(&self.namespace, publisher),
+            self.exit.clone(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn containers_share_a_vm_only_when_their_sandbox_annotation_says_so() {
+        let pod = json!({"annotations": {SANDBOX_ID: "pod1"}});
+        assert_eq!(grouping(&pod, "c1"), "pod1");
+        assert_eq!(grouping(&json!({}), "c1"), "c1");
+        for bad in ["", "../x", ".hidden"] {
+            let spec = json!({"annotations": {SANDBOX_ID: bad}});
+            assert_eq!(grouping(&spec, "c1"), "c1", "{bad:?}");
+        }
+    }
+}
