@@ -45,6 +45,10 @@ pub struct Config {
     /// Size of each container's writable layer (a sparse file).
     #[serde(default = "default_writable")]
     pub writable_layer_mib: u64,
+    /// Start each sandbox's VM from a snapshot of a booted guest (made by the first
+    /// sandbox of each VM size, kept in `cache_dir`) instead of booting Linux.
+    #[serde(default)]
+    pub start_from_template: bool,
     /// How long a sandbox's guest may take to boot until its agent answers.
     #[serde(default = "default_boot_timeout")]
     pub boot_timeout_secs: u64,

@@ -225,7 +225,7 @@ fn tree_size(root: &Path) -> (u64, u64) {
 
 /// Waits for the exclusive lock of `file` (released when it closes): two shims starting
 /// containers of one image make its image once.
-fn flock(file: &File) {
+pub(crate) fn flock(file: &File) {
     use std::os::fd::AsRawFd;
     // SAFETY: flock(2) on a descriptor we own; a failure only means no lock, and the
     // temporary-file rename keeps a race harmless.
@@ -233,7 +233,7 @@ fn flock(file: &File) {
 }
 
 /// FNV-1a: a stable name for a layer set (its directories' paths).
-fn fnv64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })

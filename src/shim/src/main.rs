@@ -7,10 +7,12 @@ mod config;
 mod events;
 mod http;
 mod layers;
+mod network;
 mod process;
 mod sandbox;
 mod shim;
 mod task;
+mod template;
 
 fn main() {
     containerd_shim::run::<shim::EmberShim>("io.containerd.ember.v2", None);

@@ -5,6 +5,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::net::Shutdown;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver};
@@ -131,10 +132,7 @@ impl Process {
             std::thread::spawn(move || {
                 // Opening a FIFO for writing waits for its reader (containerd's, or ctr's).
                 match OpenOptions::new().write(true).open(&path) {
-                    Ok(mut to) => {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.flush();
-                    }
+                    Ok(mut to) => copy_out(&mut from, &mut to),
                     Err(e) => log::warn!("cannot open {}: {e}", path.display()),
                 }
                 let _ = done.send(());
@@ -146,10 +144,15 @@ impl Process {
             let keep = to.try_clone().map_err(crate::agent::Error::Unreachable)?;
             *self.stdin.lock().unwrap_or_else(|e| e.into_inner()) = Some(keep);
             let path = fifo_path(&self.stdio.stdin);
+            // Opened at once, without waiting for a writer: containerd's clients open their
+            // end without blocking and give up if no reader is there.
+            let from = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(crate::agent::Error::Unreachable)?;
             std::thread::spawn(move || {
-                if let Ok(mut from) = File::open(&path) {
-                    let _ = std::io::copy(&mut from, &mut to);
-                }
+                copy_fifo(&from, &mut to);
                 // The host's input ended: so does the process's.
                 let _ = to.shutdown(Shutdown::Write);
             });
@@ -198,6 +201,64 @@ impl Process {
         };
         self.drain();
         self.exit(status)
+    }
+}
+
+/// Copies a stream to its FIFO as its bytes come. (Not `std::io::copy`: it splices a
+/// socket into a pipe, and splice(2) from a Unix socket holds small writes back.)
+fn copy_out(from: &mut UnixStream, to: &mut File) {
+    use std::io::Read;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Copies what writers put in the FIFO `from` (opened non-blocking) until the last writer
+/// has gone. A FIFO that has not had a writer yet polls as neither readable nor hung up, so
+/// the copy waits for the first one.
+fn copy_fifo(from: &File, to: &mut UnixStream) {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let mut fd = libc::pollfd {
+            fd: from.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd that lives across the call.
+        let n = unsafe { libc::poll(&mut fd, 1, -1) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        match (&*from).read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if fd.revents & libc::POLLHUP != 0 {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! files); a container takes a free pair and the shim points it at the container's layer
 //! image and writable layer with `PATCH /drives`, which tells the guest the new size.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -80,20 +81,73 @@ pub struct Sandbox {
 
 impl Sandbox {
     /// Starts the VM and waits until its agent answers.
-    pub fn boot(config: &Config, dir: PathBuf, mem_size_mib: u32) -> Result<Sandbox, Error> {
+    /// With `netns`, ember runs in that network namespace with a NIC on its TAP
+    /// ([`crate::network`]).
+    pub fn boot(
+        config: &Config,
+        dir: PathBuf,
+        mem_size_mib: u32,
+        netns: Option<&Path>,
+    ) -> Result<Sandbox, Error> {
         let paths = Paths { dir: dir.clone() };
         let io = |e| Error::Dir(dir.clone(), e);
         std::fs::create_dir_all(&dir).map_err(io)?;
-        for stub in
-            std::iter::once(paths.stub_ro()).chain((0..config.slots).map(|i| paths.stub_rw(i)))
-        {
-            std::fs::File::create(&stub)
-                .and_then(|f| f.set_len(STUB_BYTES))
-                .map_err(io)?;
-        }
-        let vm = vm_config(config, &paths, mem_size_mib);
+        make_stubs(&paths, config.slots, true)?;
+        let vm = vm_config(config, &paths, mem_size_mib, netns.is_some());
         let vm_file = dir.join("vm.json");
         std::fs::write(&vm_file, vm.to_string()).map_err(io)?;
+        let args = [OsStr::new("--config-file"), vm_file.as_os_str()];
+        let sandbox = Sandbox::spawn(config, dir, &args, netns)?;
+        sandbox.wait_for_agent(Duration::from_secs(config.boot_timeout_secs))?;
+        Ok(sandbox)
+    }
+
+    /// Starts the VM from a template's snapshot (a booted guest whose agent waits): the
+    /// sandbox's own vsock socket, and its own placeholders for the writable disks (the
+    /// template's are not shared with a guest).
+    pub fn restore(config: &Config, template: &Path, dir: PathBuf) -> Result<Sandbox, Error> {
+        let paths = Paths { dir: dir.clone() };
+        std::fs::create_dir_all(&dir).map_err(|e| Error::Dir(dir.clone(), e))?;
+        make_stubs(&paths, config.slots, false)?;
+        let sandbox = Sandbox::spawn(config, dir, &[], None)?;
+        let start = Instant::now();
+        while !paths.api().exists() {
+            if let Some(why) = sandbox.ended() {
+                return Err(Error::DiedBooting(why, paths.console()));
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                sandbox.stop();
+                return Err(Error::Api(
+                    "the API socket".into(),
+                    "it never appeared".into(),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let load = json!({"snapshot_path": template.join("vmstate"),
+            "mem_backend": {"backend_type": "File", "backend_path": template.join("mem")},
+            "resume_vm": true, "vsock_override": {"uds_path": paths.vsock()}});
+        let restored = sandbox.api("PUT", "/snapshot/load", &load).and_then(|()| {
+            (0..config.slots)
+                .try_for_each(|slot| sandbox.point(&format!("upper{slot}"), &paths.stub_rw(slot)))
+        });
+        if let Err(e) = restored {
+            sandbox.stop();
+            return Err(e);
+        }
+        sandbox.wait_for_agent(Duration::from_secs(config.boot_timeout_secs))?;
+        Ok(sandbox)
+    }
+
+    /// Runs `ember --api-sock` with `args`, its output going to the console log.
+    fn spawn(
+        config: &Config,
+        dir: PathBuf,
+        args: &[&OsStr],
+        netns: Option<&Path>,
+    ) -> Result<Sandbox, Error> {
+        let paths = Paths { dir: dir.clone() };
+        let io = |e| Error::Dir(dir.clone(), e);
         let console = std::fs::File::create(paths.console()).map_err(io)?;
         let console2 = console.try_clone().map_err(io)?;
         let _ = std::fs::remove_file(paths.api());
@@ -104,12 +158,15 @@ impl Sandbox {
         command
             .arg("--api-sock")
             .arg(paths.api())
-            .arg("--config-file")
-            .arg(&vm_file)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(console)
             .stderr(console2);
         kill_with_parent(&mut command);
+        if let Some(netns) = netns {
+            let ns = std::fs::File::open(netns).map_err(|e| Error::Dir(netns.to_path_buf(), e))?;
+            enter_netns(&mut command, ns);
+        }
         // The child is spawned and waited for by a thread of its own that lives as long as
         // it does: the parent-death signal is tied to the thread that spawned it.
         let ended = Arc::new((Mutex::new(None), Condvar::new()));
@@ -140,15 +197,22 @@ impl Sandbox {
             .unwrap_or_else(|_| Err(std::io::Error::other("the ember thread ended")))
             .map_err(|e| Error::Spawn(binary.clone(), e))?;
         let _ = std::fs::write(paths.pid(), pid.to_string());
-        let sandbox = Sandbox {
+        Ok(Sandbox {
             dir,
             agent: Agent { uds: paths.vsock() },
             pid,
             slots: Mutex::new(vec![None; config.slots]),
             ended,
-        };
-        sandbox.wait_for_agent(Duration::from_secs(config.boot_timeout_secs))?;
-        Ok(sandbox)
+        })
+    }
+
+    /// Pauses the booted guest and writes its snapshot (`vmstate`, `mem`) into its
+    /// directory: the template later sandboxes start from.
+    pub fn snapshot(&self) -> Result<(), Error> {
+        self.api("PATCH", "/vm", &json!({"state": "Paused"}))?;
+        let create = json!({"snapshot_type": "Full", "snapshot_path": self.dir.join("vmstate"),
+            "mem_file_path": self.dir.join("mem")});
+        self.api("PUT", "/snapshot/create", &create)
     }
 
     fn paths(&self) -> Paths {
@@ -219,18 +283,18 @@ impl Sandbox {
     }
 
     fn point(&self, drive: &str, file: &Path) -> Result<(), Error> {
+        let body = json!({"drive_id": drive, "path_on_host": file});
+        self.api("PATCH", &format!("/drives/{drive}"), &body)
+    }
+
+    /// One API request; anything but 204 is an error with Ember's sentence.
+    fn api(&self, method: &str, path: &str, body: &Value) -> Result<(), Error> {
         if let Some(why) = self.ended() {
             return Err(Error::Gone(why));
         }
-        let body = json!({"drive_id": drive, "path_on_host": file}).to_string();
-        let what = format!("PATCH /drives/{drive}");
-        let (status, answer) = http::request(
-            &self.paths().api(),
-            "PATCH",
-            &format!("/drives/{drive}"),
-            &body,
-        )
-        .map_err(|e| Error::Api(what.clone(), e.to_string()))?;
+        let what = format!("{method} {path}");
+        let (status, answer) = http::request(&self.paths().api(), method, path, &body.to_string())
+            .map_err(|e| Error::Api(what.clone(), e.to_string()))?;
         if status != 204 {
             let sentence = serde_json::from_str::<Value>(&answer)
                 .ok()
@@ -244,6 +308,12 @@ impl Sandbox {
     /// Ends the VM (SIGKILL: the guest holds nothing the host needs) and removes the
     /// sandbox's files.
     pub fn stop(&self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// Ends the VM, keeping its files.
+    pub fn kill(&self) {
         if self.ended().is_none() {
             // SAFETY: kill(2) on the pid of our own child, which its thread has not reaped
             // (ended is unset), so the pid is still ours.
@@ -254,7 +324,6 @@ impl Sandbox {
                 .1
                 .wait_timeout_while(guard, Duration::from_secs(10), |why| why.is_none());
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -287,9 +356,21 @@ pub fn clean_up(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The placeholder disks: one read-only (unless `read_only` is false: a restored sandbox
+/// keeps its template's) and one writable per slot.
+fn make_stubs(paths: &Paths, slots: usize, read_only: bool) -> Result<(), Error> {
+    let ro = read_only.then(|| paths.stub_ro());
+    for stub in ro.into_iter().chain((0..slots).map(|i| paths.stub_rw(i))) {
+        std::fs::File::create(&stub)
+            .and_then(|f| f.set_len(STUB_BYTES))
+            .map_err(|e| Error::Dir(paths.dir.clone(), e))?;
+    }
+    Ok(())
+}
+
 /// The VM: the project's guest with the agent's container service as its command, the
 /// vsock device, and the placeholder disks.
-fn vm_config(config: &Config, paths: &Paths, mem_size_mib: u32) -> Value {
+fn vm_config(config: &Config, paths: &Paths, mem_size_mib: u32, nic: bool) -> Value {
     let mut drives = vec![json!({"drive_id": "rootfs", "path_on_host": config.rootfs,
         "is_root_device": true, "is_read_only": true})];
     for slot in 0..config.slots {
@@ -310,7 +391,28 @@ fn vm_config(config: &Config, paths: &Paths, mem_size_mib: u32) -> Value {
         "drives": drives,
         "machine-config": {"vcpu_count": config.vcpu_count, "mem_size_mib": mem_size_mib},
         "vsock": {"guest_cid": 3, "uds_path": paths.vsock()},
+        "network-interfaces": if nic {
+            json!([{"iface_id": "eth0", "host_dev_name": crate::network::TAP}])
+        } else {
+            json!([])
+        },
     })
+}
+
+/// The child runs in the network namespace `ns` (where its TAP is).
+fn enter_netns(command: &mut Command, ns: std::fs::File) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setns(2) on a descriptor the closure owns (moved in, open until exec closes
+    // it): async-signal-safe, and all the closure does between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// The child gets SIGKILL when the thread that spawned it ends (with the shim, or killed).

@@ -89,6 +89,9 @@ impl containerd_shim::Shim for EmberShim {
             let spec = read_spec(Path::new(".")).unwrap_or_default();
             let dir = sandbox_dir(&config, &self.namespace, &grouping(&spec, &self.id));
             sandbox::clean_up(&dir);
+            if let Some(netns) = crate::network::netns_of(&spec) {
+                crate::network::tear_down(&netns);
+            }
         }
         Ok(DeleteResponse {
             exit_status: 128 + libc::SIGKILL as u32,

@@ -15,9 +15,11 @@ use serde_json::{json, Value};
 use crate::config::Config;
 use crate::events::{timestamp, Events};
 use crate::layers;
+use crate::network;
 use crate::process::{Process, Status as ProcStatus, StdioPaths};
 use crate::sandbox::Sandbox;
 use crate::shim::{grouping, read_spec, sandbox_dir};
+use crate::template;
 
 #[derive(Debug)]
 struct Container {
@@ -35,6 +37,8 @@ struct Inner {
     /// Held while the VM boots, so that a second container waits for the first's VM.
     sandbox: Mutex<Option<Arc<Sandbox>>>,
     containers: Mutex<HashMap<String, Container>>,
+    /// The CNI network namespace the sandbox's TAP was made in.
+    network: Mutex<Option<PathBuf>>,
 }
 
 #[derive(Clone)]
@@ -66,6 +70,7 @@ impl Service {
             exit,
             sandbox: Mutex::new(None),
             containers: Mutex::new(HashMap::new()),
+            network: Mutex::new(None),
         }))
     }
 
@@ -103,7 +108,38 @@ impl Service {
             None => config.mem_size_mib,
         };
         let dir = sandbox_dir(config, &self.0.namespace, &grouping(spec, id));
-        let sandbox = Arc::new(Sandbox::boot(config, dir, mem).map_err(failed)?);
+        // A CNI network namespace: a TAP there, the VM's NIC on it (a cold boot: templates
+        // have no NIC), the guest's eth0 given CNI's address.
+        let Some(netns) = network::netns_of(spec) else {
+            let vm = match config.start_from_template {
+                true => {
+                    template::ensure(config, mem).and_then(|t| Sandbox::restore(config, &t, dir))
+                }
+                false => Sandbox::boot(config, dir, mem, None),
+            };
+            let sandbox = Arc::new(vm.map_err(failed)?);
+            *slot = Some(sandbox.clone());
+            return Ok(sandbox);
+        };
+        let net = network::prepare(&netns).map_err(failed)?;
+        let undo = |e: String| {
+            network::tear_down(&netns);
+            failed(e)
+        };
+        let vm = Sandbox::boot(config, dir, mem, Some(&netns)).map_err(|e| undo(e.to_string()))?;
+        let configured = network::connect(&net)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                let request = json!({"op": "network", "interface": "eth0", "address": net.address,
+                "gateway": net.gateway, "mtu": net.mtu});
+                vm.agent.ask(request).map(drop).map_err(|e| e.to_string())
+            });
+        if let Err(e) = configured {
+            vm.stop();
+            return Err(undo(e));
+        }
+        *self.0.network.lock().unwrap_or_else(|e| e.into_inner()) = Some(netns);
+        let sandbox = Arc::new(vm);
         *slot = Some(sandbox.clone());
         Ok(sandbox)
     }
@@ -295,13 +331,21 @@ impl containerd_shim::Task for Service {
     }
 
     fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<api::Empty> {
-        if self.process(&req.id, &req.exec_id).is_ok() {
+        let exists = match self.containers().get(&req.id) {
+            None => {
+                return Err(error(
+                    Code::NOT_FOUND,
+                    format!("container {} does not exist", req.id),
+                ))
+            }
+            Some(c) => c.execs.contains_key(&req.exec_id) || req.exec_id.is_empty(),
+        };
+        if exists {
             return Err(error(
                 Code::ALREADY_EXISTS,
-                format!("process {} exists", req.exec_id),
+                format!("process {:?} exists", req.exec_id),
             ));
         }
-        self.process(&req.id, "")?;
         let spec = req
             .spec
             .as_ref()
@@ -472,6 +516,15 @@ impl containerd_shim::Task for Service {
             .take()
         {
             sandbox.stop();
+        }
+        if let Some(netns) = self
+            .0
+            .network
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            network::tear_down(&netns);
         }
         self.0.exit.signal();
         Ok(api::Empty::new())

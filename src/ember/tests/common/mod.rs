@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod api;
+pub mod containerd;
 pub mod huge_pages;
 pub mod linux;
 pub mod netns;

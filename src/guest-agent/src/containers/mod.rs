@@ -4,6 +4,7 @@
 //! that is malformed, too long or of another version gets an error line; the service goes on.
 
 mod console;
+mod network;
 mod process;
 pub mod protocol;
 mod reaper;
@@ -122,6 +123,12 @@ fn handle(op: Op) -> Result<serde_json::Value, String> {
     let process = || runtime::process(target.as_ref().expect("the op names a process"));
     match op {
         Op::Ping {} => Ok(json!({"version": VERSION, "runtime": runtime::RUNTIME})),
+        Op::Network {
+            interface,
+            address,
+            gateway,
+            mtu,
+        } => network::configure(&interface, &address, gateway.as_deref(), mtu).map(|()| json!({})),
         Op::Create { id, spec, rootfs } => {
             runtime::create(&id, spec, &rootfs).map(|pid| json!({ "pid": pid }))
         }

@@ -147,6 +147,16 @@ pub enum Op {
         #[serde(default)]
         exec_id: Option<String>,
     },
+    /// Gives the VM's `interface` the sandbox's address (`10.88.0.5/16`), default route and
+    /// MTU: what CNI gave the sandbox's network namespace on the host.
+    Network {
+        interface: String,
+        address: String,
+        #[serde(default)]
+        gateway: Option<String>,
+        #[serde(default)]
+        mtu: Option<u32>,
+    },
     /// Forgets an exited exec, or removes the container (killing what runs in it).
     Delete {
         id: String,
@@ -166,7 +176,7 @@ impl Op {
     /// The process the request is about, if it names one.
     pub fn target(&self) -> Option<Target> {
         let (id, exec_id) = match self {
-            Op::Ping {} => return None,
+            Op::Ping {} | Op::Network { .. } => return None,
             Op::Create { id, .. } => (id, None),
             Op::Exec { id, exec_id, .. } => (id, Some(exec_id)),
             Op::Start { id, exec_id }

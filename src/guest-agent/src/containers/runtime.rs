@@ -124,7 +124,21 @@ fn pipes() -> ([Std; 3], Stdio) {
 
 /// The host's spec made to run in this guest: the root filesystem is the bundle's
 /// `rootfs`; hooks and namespaces given by a host path (meaningless here) are dropped, so a
-/// container given the sandbox's network namespace shares the VM's network.
+/// container given the sandbox's network namespace shares the VM's network. A namespace of
+/// a process (`/proc/PID/ns/...`) is kept: the PIDs the host knows are this guest's (the
+/// shim reports them), so a container can join another one's namespaces, as in a pod.
+/// `/proc/PID/ns/TYPE`: a namespace of a process of this guest.
+fn guest_path(path: &str) -> bool {
+    let mut parts = path.split('/').skip(1);
+    parts.next() == Some("proc")
+        && parts
+            .next()
+            .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+        && parts.next() == Some("ns")
+        && parts.next().is_some_and(|t| !t.is_empty())
+        && parts.next().is_none()
+}
+
 fn adapt(mut spec: Value) -> Result<(Value, bool), String> {
     let object = spec
         .as_object_mut()
@@ -144,7 +158,7 @@ fn adapt(mut spec: Value) -> Result<(Value, bool), String> {
         .and_then(|l| l.get_mut("namespaces"))
         .and_then(Value::as_array_mut)
     {
-        ns.retain(|n| n.get("path").is_none());
+        ns.retain(|n| n.get("path").and_then(Value::as_str).is_none_or(guest_path));
     }
     let terminal = object
         .get("process")
@@ -355,4 +369,30 @@ pub fn delete(target: &Target) -> Result<i32, String> {
     let _ = std::fs::remove_dir_all(&c.bundle);
     deleted?;
     Ok(c.init.state().exit_status.unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_hosts_spec_is_adapted_to_the_guest() {
+        let spec = json!({"root": {"path": "/host/rootfs", "readonly": true},
+            "hooks": {"prestart": [{"path": "/host/hook"}]},
+            "process": {"terminal": true, "args": ["sh"]},
+            "linux": {"namespaces": [{"type": "pid"},
+                {"type": "network", "path": "/var/run/netns/cni-1"},
+                {"type": "ipc", "path": "/proc/40/ns/ipc"},
+                {"type": "uts", "path": "/proc/x/ns/uts"}]}});
+        let (adapted, terminal) = adapt(spec).unwrap();
+        assert!(terminal);
+        assert_eq!(adapted["root"], json!({"path": "rootfs", "readonly": true}));
+        assert!(adapted.get("hooks").is_none());
+        assert_eq!(
+            adapted["linux"]["namespaces"],
+            json!([{"type": "pid"}, {"type": "ipc", "path": "/proc/40/ns/ipc"}])
+        );
+        assert!(adapt(json!([1])).is_err());
+    }
 }
