@@ -60,6 +60,10 @@ impl Paths {
     pub fn pid(&self) -> PathBuf {
         self.dir.join("ember.pid")
     }
+    /// The shim serving the sandbox.
+    pub fn shim_pid(&self) -> PathBuf {
+        self.dir.join("shim.pid")
+    }
     fn stub_ro(&self) -> PathBuf {
         self.dir.join("stub-ro")
     }
@@ -197,6 +201,7 @@ impl Sandbox {
             .unwrap_or_else(|_| Err(std::io::Error::other("the ember thread ended")))
             .map_err(|e| Error::Spawn(binary.clone(), e))?;
         let _ = std::fs::write(paths.pid(), pid.to_string());
+        let _ = std::fs::write(paths.shim_pid(), std::process::id().to_string());
         Ok(Sandbox {
             dir,
             agent: Agent { uds: paths.vsock() },
@@ -328,11 +333,24 @@ impl Sandbox {
 }
 
 /// Cleans up after a shim that died: ends the sandbox's ember if it still runs (it is the
-/// one whose command line names this sandbox's API socket) and removes the directory.
-pub fn clean_up(dir: &Path) {
+/// one whose command line names this sandbox's API socket) and removes the directory. While
+/// the sandbox's shim lives, nothing: containerd runs `delete` whenever its connection for
+/// a task closes, also for one container of a pod whose shim goes on serving the others.
+/// True if it cleaned up.
+pub fn clean_up(dir: &Path) -> bool {
     let paths = Paths {
         dir: dir.to_path_buf(),
     };
+    let alive = |file: PathBuf, name: &[u8]| {
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .and_then(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).ok())
+            .is_some_and(|cmdline| cmdline.windows(name.len()).any(|w| w == name))
+    };
+    if alive(paths.shim_pid(), b"containerd-shim-ember-v2") {
+        return false;
+    }
     if let Some(pid) = std::fs::read_to_string(paths.pid())
         .ok()
         .and_then(|t| t.trim().parse::<i32>().ok())
@@ -354,6 +372,7 @@ pub fn clean_up(dir: &Path) {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
+    true
 }
 
 /// The placeholder disks: one read-only (unless `read_only` is false: a restored sandbox

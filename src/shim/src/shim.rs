@@ -88,9 +88,10 @@ impl containerd_shim::Shim for EmberShim {
         if let Ok(config) = Config::load() {
             let spec = read_spec(Path::new(".")).unwrap_or_default();
             let dir = sandbox_dir(&config, &self.namespace, &grouping(&spec, &self.id));
-            sandbox::clean_up(&dir);
-            if let Some(netns) = crate::network::netns_of(&spec) {
-                crate::network::tear_down(&netns);
+            if sandbox::clean_up(&dir) {
+                if let Some(netns) = crate::network::netns_of(&spec) {
+                    crate::network::tear_down(&netns);
+                }
             }
         }
         Ok(DeleteResponse {
