@@ -38,24 +38,14 @@ fn linux_containerd_runs_containers_in_ember_vms() {
 
     // A second process in a running container (ctr task exec), then SIGTERM to the init
     // (ctr task kill), whose trap answers it.
-    let mut init = c
-        .command(&[
-            "run",
-            "--rm",
-            "--runtime",
-            RUNTIME,
-            IMAGE,
-            "svc",
+    let (mut init, mut lines) = c.spawn_run(
+        "svc",
+        &[
             "sh",
             "-c",
             "trap 'echo got-term; exit 3' TERM; echo up; while true; do sleep 1; done",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(init.stdout.take().unwrap()).lines();
+        ],
+    );
     assert_eq!(lines.next().unwrap().unwrap(), "up");
     let out = c.ctr(&[
         "task",
@@ -296,24 +286,7 @@ fn linux_containerd_reports_failures_and_leaks_nothing() {
     c.assert_nothing_left();
 
     // Ember dies under a running container: the task ends with an error status.
-    let mut victim = c
-        .command(&[
-            "run",
-            "--rm",
-            "--runtime",
-            RUNTIME,
-            IMAGE,
-            "vmdies",
-            "sh",
-            "-c",
-            "echo up; sleep 1000",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(victim.stdout.take().unwrap()).lines();
+    let (mut victim, mut lines) = c.spawn_run("vmdies", &["sh", "-c", "echo up; sleep 1000"]);
     assert_eq!(lines.next().unwrap().unwrap(), "up");
     let embers = c.embers();
     assert_eq!(embers.len(), 1, "{embers:?}");

@@ -10,6 +10,8 @@ use serde_json::{json, Value};
 
 /// The agent's vsock port (`ember-agent containers`' default).
 pub const PORT: u32 = 1025;
+/// How long an answer may take before the agent is taken for gone.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(300);
 /// An answer line is small; the agent's longest is an error sentence.
 const MAX_ANSWER: u64 = 64 << 10;
 
@@ -33,7 +35,7 @@ pub struct Agent {
 impl Agent {
     fn connect(&self, timeout: Option<Duration>) -> Result<UnixStream, Error> {
         let mut s = UnixStream::connect(&self.uds).map_err(Error::Unreachable)?;
-        s.set_read_timeout(timeout.or(Some(Duration::from_secs(30))))
+        s.set_read_timeout(Some(ANSWER_TIMEOUT))
             .map_err(Error::Unreachable)?;
         s.write_all(format!("CONNECT {PORT}\n").as_bytes())
             .map_err(Error::Unreachable)?;
@@ -58,9 +60,11 @@ impl Agent {
         answer(&mut s)
     }
 
-    /// The same, with the usual bound of a quick request.
+    /// The same, bounded: a request takes milliseconds on hardware virtualisation, but a
+    /// `create` (mounts, crun) on a loaded kvm_pvm host, where the guest kernel's every
+    /// instruction is emulated, has taken over a minute.
     pub fn ask(&self, request: Value) -> Result<Value, Error> {
-        self.call(request, Some(Duration::from_secs(60)))
+        self.call(request, Some(ANSWER_TIMEOUT))
     }
 
     /// A process's stream (`stdin`, `stdout`, `stderr`): the connection after the agent's
@@ -71,7 +75,7 @@ impl Agent {
         exec_id: Option<&str>,
         which: &str,
     ) -> Result<UnixStream, Error> {
-        let mut s = self.connect(Some(Duration::from_secs(60)))?;
+        let mut s = self.connect(Some(ANSWER_TIMEOUT))?;
         let request = json!({"v": 1, "op": "stdio", "id": id, "exec_id": exec_id, "stream": which});
         s.write_all(format!("{request}\n").as_bytes())
             .map_err(|e| Error::NoAnswer(e.to_string()))?;

@@ -15,5 +15,13 @@ mod task;
 mod template;
 
 fn main() {
-    containerd_shim::run::<shim::EmberShim>("io.containerd.ember.v2", None);
+    // The shim waits for its own children (ember, mkfs.ext4, ip, tc): the library's reaper,
+    // which waits for any child on SIGCHLD, would take their statuses first (ECHILD). Set
+    // here, not in `Shim::new`: the library installs its signal handling before that.
+    let config = containerd_shim::Config {
+        no_reaper: true,
+        no_sub_reaper: true,
+        ..Default::default()
+    };
+    containerd_shim::run::<shim::EmberShim>("io.containerd.ember.v2", Some(config));
 }

@@ -63,11 +63,7 @@ pub fn sandbox_dir(config: &Config, namespace: &str, grouping: &str) -> PathBuf 
 impl containerd_shim::Shim for EmberShim {
     type T = Service;
 
-    fn new(_runtime_id: &str, args: &Flags, config: &mut ShimConfig) -> Self {
-        // The shim waits for its own children (ember, mkfs.ext4); a reaper taking them
-        // would leave those waits without a status.
-        config.no_reaper = true;
-        config.no_sub_reaper = true;
+    fn new(_runtime_id: &str, args: &Flags, _config: &mut ShimConfig) -> Self {
         EmberShim {
             namespace: args.namespace.clone(),
             id: args.id.clone(),

@@ -141,6 +141,29 @@ impl Containerd {
         self.ctr(&all)
     }
 
+    /// `ctr run --rm` started, not waited for: the process and its output's lines.
+    pub fn spawn_run(
+        &self,
+        id: &str,
+        args: &[&str],
+    ) -> (
+        Child,
+        std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    ) {
+        use std::io::BufRead;
+        let mut all = vec!["run", "--rm", "--runtime", RUNTIME, IMAGE, id];
+        all.extend_from_slice(args);
+        let mut child = self
+            .command(&all)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ctr");
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines)
+    }
+
     /// The ember processes of this containerd's sandboxes (their command lines name the
     /// sandbox directory).
     pub fn embers(&self) -> Vec<(u32, String)> {
