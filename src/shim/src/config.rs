@@ -3,7 +3,6 @@
 //! by `EMBER_SHIM_CONFIG` (containerd passes its environment to shims), else
 //! [`DEFAULT_PATH`].
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -90,23 +89,9 @@ impl Config {
 
     fn from_file(path: &Path) -> Result<Config, String> {
         let shown = path.display();
-        let file = std::fs::File::open(path)
-            .map_err(|e| format!("cannot open the shim configuration {shown}: {e}"))?;
-        let meta = file.metadata().map_err(|e| format!("{shown}: {e}"))?;
-        if !meta.is_file() {
-            return Err(format!(
-                "the shim configuration {shown} is not a regular file"
-            ));
-        }
-        let mut text = String::new();
-        file.take(MAX_BYTES + 1)
-            .read_to_string(&mut text)
+        // A FIFO, a device or a huge file is refused before anything is read.
+        let text = hostfile::read_to_string(path, MAX_BYTES)
             .map_err(|e| format!("cannot read the shim configuration {shown}: {e}"))?;
-        if text.len() as u64 > MAX_BYTES {
-            return Err(format!(
-                "the shim configuration {shown} is larger than {MAX_BYTES} bytes"
-            ));
-        }
         let config: Config = serde_json::from_str(&text)
             .map_err(|e| format!("the shim configuration {shown} is not valid: {e}"))?;
         if config.slots == 0 || config.slots > 12 {
@@ -159,9 +144,19 @@ mod tests {
             .unwrap_err()
             .contains("slots must be 1 to 12"));
         let huge = format!(r#"{{"kernel": "{}", "rootfs": "/r"}}"#, "k".repeat(70_000));
-        assert!(load(&huge).unwrap_err().contains("larger than"));
+        assert!(load(&huge)
+            .unwrap_err()
+            .contains("over the limit of 65536 bytes"));
         assert!(Config::from_file(Path::new("/"))
             .unwrap_err()
-            .contains("not a regular file"));
+            .contains("it is a directory, not a regular file"));
+        // A FIFO is refused at once (its open would wait for a writer).
+        let fifo = std::env::temp_dir().join(format!("shim-config-fifo-{}", std::process::id()));
+        let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo(3) with a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+        let err = Config::from_file(&fifo).unwrap_err();
+        std::fs::remove_file(&fifo).unwrap();
+        assert!(err.contains("it is a FIFO, not a regular file"), "{err}");
     }
 }

@@ -36,13 +36,9 @@ impl std::fmt::Debug for EmberShim {
 
 /// The OCI spec in `bundle`.
 pub fn read_spec(bundle: &Path) -> Result<serde_json::Value, String> {
-    use std::io::Read;
     let path = bundle.join("config.json");
-    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut text = String::new();
-    file.take(MAX_SPEC)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = hostfile::read_to_string(&path, MAX_SPEC)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     serde_json::from_str(&text).map_err(|e| format!("{} is not an OCI spec: {e}", path.display()))
 }
 
