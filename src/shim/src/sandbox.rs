@@ -341,38 +341,44 @@ pub fn clean_up(dir: &Path) -> bool {
     let paths = Paths {
         dir: dir.to_path_buf(),
     };
-    let alive = |file: PathBuf, name: &[u8]| {
-        std::fs::read_to_string(file)
-            .ok()
-            .and_then(|t| t.trim().parse::<u32>().ok())
-            .and_then(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).ok())
-            .is_some_and(|cmdline| cmdline.windows(name.len()).any(|w| w == name))
-    };
-    if alive(paths.shim_pid(), b"containerd-shim-ember-v2") {
+    let contains = |cmdline: &[u8], name: &[u8]| cmdline.windows(name.len()).any(|w| w == name);
+    if running(&paths.shim_pid(), |cmdline| {
+        contains(cmdline, b"containerd-shim-ember-v2")
+    })
+    .is_some()
+    {
         return false;
     }
-    if let Some(pid) = std::fs::read_to_string(paths.pid())
-        .ok()
-        .and_then(|t| t.trim().parse::<i32>().ok())
-    {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let api = paths.api();
-        let ours = cmdline
+    let api = paths.api();
+    let ours = |cmdline: &[u8]| {
+        cmdline
             .split(|&b| b == 0)
-            .any(|arg| arg == api.as_os_str().as_encoded_bytes());
-        if ours {
-            // SAFETY: kill(2) on a process whose command line names this sandbox's socket.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            for _ in 0..100 {
-                if !Path::new(&format!("/proc/{pid}")).exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            .any(|arg| arg == api.as_os_str().as_encoded_bytes())
+    };
+    if let Some(pid) = running(&paths.pid(), ours) {
+        // SAFETY: kill(2) on a process whose command line names this sandbox's socket.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        for _ in 0..100 {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                break;
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
     let _ = std::fs::remove_dir_all(dir);
     true
+}
+
+/// The process named by the pid file `file`, if it runs and its command line is one that
+/// `is_it` recognises (a pid file can outlive its process, and the pid be reused).
+fn running(file: &Path, is_it: impl Fn(&[u8]) -> bool) -> Option<i32> {
+    let pid = std::fs::read_to_string(file)
+        .ok()?
+        .trim()
+        .parse::<i32>()
+        .ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    is_it(&cmdline).then_some(pid)
 }
 
 /// The placeholder disks: one read-only (unless `read_only` is false: a restored sandbox

@@ -58,6 +58,11 @@ fn error(code: Code, message: impl Into<String>) -> ttrpc::Error {
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, message))
 }
 
+/// containerd names a container's init by an empty exec ID; the agent by none.
+fn exec_of(exec_id: &str) -> Option<&str> {
+    (!exec_id.is_empty()).then_some(exec_id)
+}
+
 fn failed(message: impl std::fmt::Display) -> ttrpc::Error {
     error(Code::FAILED_PRECONDITION, message.to_string())
 }
@@ -269,7 +274,7 @@ impl containerd_shim::Task for Service {
     ) -> TtrpcResult<api::StartResponse> {
         let process = self.process(&req.id, &req.exec_id)?;
         let sandbox = self.sandbox()?;
-        let exec = (!req.exec_id.is_empty()).then_some(req.exec_id.as_str());
+        let exec = exec_of(&req.exec_id);
         let answer = sandbox
             .agent
             .ask(json!({"op": "start", "id": req.id, "exec_id": exec}))
@@ -322,7 +327,7 @@ impl containerd_shim::Task for Service {
         if process.snapshot().0 == ProcStatus::Stopped {
             return Err(error(Code::NOT_FOUND, "process already finished"));
         }
-        let exec = (!req.exec_id.is_empty()).then_some(req.exec_id.as_str());
+        let exec = exec_of(&req.exec_id);
         self.sandbox()?
             .agent
             .ask(json!({"op": "kill", "id": req.id, "exec_id": exec, "signal": req.signal, "all": req.all}))
@@ -383,7 +388,7 @@ impl containerd_shim::Task for Service {
         req: api::ResizePtyRequest,
     ) -> TtrpcResult<api::Empty> {
         self.process(&req.id, &req.exec_id)?;
-        let exec = (!req.exec_id.is_empty()).then_some(req.exec_id.as_str());
+        let exec = exec_of(&req.exec_id);
         let (width, height) = (
             req.width.min(u16::MAX.into()),
             req.height.min(u16::MAX.into()),
@@ -442,7 +447,7 @@ impl containerd_shim::Task for Service {
     ) -> TtrpcResult<api::DeleteResponse> {
         let process = self.process(&req.id, &req.exec_id)?;
         let sandbox = self.sandbox()?;
-        let exec = (!req.exec_id.is_empty()).then_some(req.exec_id.as_str());
+        let exec = exec_of(&req.exec_id);
         if exec.is_some() && process.snapshot().0 == ProcStatus::Running {
             return Err(failed(format!("process {} is running", req.exec_id)));
         }
