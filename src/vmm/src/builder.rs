@@ -194,6 +194,9 @@ pub fn restore(
         vcpu.restore_state(saved)?;
     }
     crate::snapshot::state::restore_vm(vm.fd(), &state.vm, clock_realtime)?;
+    for transport in &parts.devices.transports {
+        devices::bus::lock(transport).announce_restore();
+    }
     Ok(MicroVm::new(parts, mem, vm, track_dirty))
 }
 

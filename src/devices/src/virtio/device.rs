@@ -50,8 +50,8 @@ pub trait VirtioDevice: Send {
     /// A chain the device has taken but not given back is counted as not taken, so the
     /// restored device takes it again.
     fn queue_states(&self) -> Vec<QueueState>;
-    /// Called once a restored device is active again (vsock tells the guest its connections
-    /// are gone here).
+    /// Called once a restored device is active again and the VM's interrupt controllers are
+    /// restored (vsock tells the guest its connections are gone here).
     fn restored(&mut self) {}
 }
 

@@ -178,8 +178,17 @@ impl MmioTransport {
             })?;
         self.activated = true;
         self.queues.clear();
-        device.restored();
         Ok(())
+    }
+
+    /// Lets a restored, activated device tell its guest what the restore changed (vsock's
+    /// transport reset, the balloon's hinting stop). Called once the VM's interrupt
+    /// controllers and vCPUs have their saved state: an interrupt raised before that is
+    /// overwritten by it and reaches the guest only with the device's next one.
+    pub fn announce_restore(&mut self) {
+        if self.activated {
+            lock(&self.device).restored();
+        }
     }
 
     fn selected_queue(&mut self) -> Option<&mut Queue> {

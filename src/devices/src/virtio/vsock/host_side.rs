@@ -118,7 +118,12 @@ impl Vsock {
 
     /// Arms the timer for the earliest deadline (on the VMM thread).
     pub(super) fn rearm_timer(&mut self) {
-        let first = self.conns.values().filter_map(|c| c.deadline).min();
+        let first = self
+            .conns
+            .values()
+            .filter_map(|c| c.deadline)
+            .chain(self.reset_unacked)
+            .min();
         if first == self.armed {
             return;
         }

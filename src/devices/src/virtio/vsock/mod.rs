@@ -62,6 +62,9 @@ pub const CONNECT_LINE_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_HOST_PORT: u32 = 1 << 30;
 /// `struct virtio_vsock_event { le32 id; }` with VIRTIO_VSOCK_EVENT_TRANSPORT_RESET (0).
 const TRANSPORT_RESET_EVENT: u32 = 0;
+/// How long, after a restore, packets for the guest wait for it to have handled the
+/// transport reset (it gives the event buffer back); a guest that does not is served anyway.
+const RESET_ACK_WAIT: Duration = Duration::from_secs(2);
 
 /// What the builder needs to make the vsock device; the listener is bound by `PUT /vsock`.
 #[derive(Debug)]
@@ -102,6 +105,10 @@ pub struct Vsock {
     next_port: u32,
     metrics: Arc<VsockMetrics>,
     buf: Vec<u8>,
+    /// Set after a restore until the guest has handled the transport reset (or this time
+    /// has passed): nothing goes into the RX queue meanwhile, so that a connection the host
+    /// opens right after the restore is not reset with the old ones.
+    reset_unacked: Option<Instant>,
 }
 
 impl std::fmt::Debug for Vsock {
@@ -137,6 +144,7 @@ impl Vsock {
             next_port: FIRST_HOST_PORT,
             metrics: config.metrics,
             buf: Vec::new(),
+            reset_unacked: None,
         })
     }
 
@@ -264,6 +272,7 @@ impl VirtioDevice for Vsock {
         }
         self.queue.clear();
         self.orphan_rsts.clear();
+        self.reset_unacked = None;
         let _ = self.queue_events[TX].write(1);
     }
 
@@ -301,6 +310,30 @@ impl VirtioDevice for Vsock {
             .is_ok()
         {
             let _ = active.irq.trigger(crate::virtio::InterruptKind::Queue);
+            self.reset_unacked = Some(Instant::now() + RESET_ACK_WAIT);
+        }
+    }
+}
+
+impl Vsock {
+    /// The driver gives event buffers back once it has handled the event in them: after a
+    /// restore, the transport reset.
+    fn event_queue_kicked(&mut self) {
+        let _ = self.queue_events[EVENT].read();
+        self.reset_unacked = None;
+    }
+
+    /// Whether packets may go into the RX queue: not while a restored guest has yet to
+    /// handle the transport reset, for at most [`RESET_ACK_WAIT`].
+    fn rx_open(&mut self) -> bool {
+        match self.reset_unacked {
+            Some(until) if Instant::now() < until => false,
+            Some(_) => {
+                log::warn!("vsock: the guest did not take up the transport reset in time");
+                self.reset_unacked = None;
+                true
+            }
+            None => true,
         }
     }
 }
@@ -332,7 +365,7 @@ impl MutEventSubscriber for Vsock {
             self.metrics.tx_queue_event_count.inc();
             self.process_tx();
         } else if fd == self.queue_events[EVENT].as_raw_fd() {
-            let _ = self.queue_events[EVENT].read();
+            self.event_queue_kicked();
         } else if fd == self.listener.as_raw_fd() {
             self.accept_all();
         } else if fd == self.timer.as_raw_fd() {

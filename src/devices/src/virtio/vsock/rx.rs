@@ -54,6 +54,9 @@ impl Vsock {
     }
 
     fn fill_rx(&mut self) -> bool {
+        if !self.rx_open() {
+            return false;
+        }
         let Some(mut active) = self.active.take() else {
             return false;
         };

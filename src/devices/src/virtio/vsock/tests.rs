@@ -538,3 +538,54 @@ fn a_host_connection_that_never_names_a_port_is_closed_after_its_deadline() {
     host.read_to_end(&mut rest).unwrap();
     assert!(rest.is_empty());
 }
+
+/// After a restore the guest is told of the transport reset (event 0 in its event buffer),
+/// and nothing enters the RX queue until it has handled it (it gives the buffer back), or
+/// until the wait runs out: a connection the host opens at once is not reset with the old.
+#[test]
+fn after_a_restore_the_guest_handles_the_reset_before_any_new_connection() {
+    use crate::virtio::VirtioDevice;
+    let s = scratch("restored");
+    let mem = memory();
+    let (mut dev, mut d, _) = rig(&mem, &s.0);
+    let event = Ring(0x20_0000 + 0x2_0000);
+    let event_buf = 0x30_0000;
+    mem.write_obj(0xffff_ffffu32, GuestAddress(event_buf))
+        .unwrap();
+    d.push(event, 0, &[Descriptor::new(event_buf, 4, WRITE, 0)]);
+    dev.restored();
+    assert_eq!(d.used_count(event), 1);
+    assert_eq!(mem.read_obj::<u32>(GuestAddress(event_buf)).unwrap(), 0);
+
+    let mut host = UnixStream::connect(dev.uds_path.clone()).unwrap();
+    host.write_all(b"CONNECT 52\n").unwrap();
+    dev.accept_all();
+    d.post_rx(1);
+    dev.process_rx();
+    assert!(
+        d.received().is_empty(),
+        "a packet went in before the reset was handled"
+    );
+    // The driver handled the event and gave the buffer back.
+    d.push(event, 1, &[Descriptor::new(event_buf, 4, WRITE, 0)]);
+    dev.queue_events[2].write(1).unwrap();
+    dev.event_queue_kicked();
+    dev.process_rx();
+    let got = d.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].0.op, got[0].0.dst_port), (OP_REQUEST, 52));
+
+    // A guest that never gives the buffer back is served once the wait has run out.
+    dev.restored();
+    let mut other = UnixStream::connect(dev.uds_path.clone()).unwrap();
+    other.write_all(b"CONNECT 53\n").unwrap();
+    dev.accept_all();
+    d.post_rx(1);
+    dev.process_rx();
+    assert!(d.received().is_empty());
+    dev.reset_unacked = Some(std::time::Instant::now());
+    dev.process_rx();
+    let got = d.received();
+    assert_eq!((got[0].0.op, got[0].0.dst_port), (OP_REQUEST, 53));
+    drop((host, other));
+}
