@@ -180,6 +180,17 @@ fn linux_containerd_sandboxes_hold_pods_and_limits() {
         .and_then(|l| l.split_whitespace().nth(1))
         .unwrap_or_else(|| panic!("{listing}"))
         .to_string();
+    // Its stats come from its cgroup in the guest: one process, memory in use, no limit.
+    let out = c.ctr(&["task", "metrics", "--format", "json", "pod1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let metrics: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+    assert_eq!(metrics["pids"]["current"], 1, "{metrics}");
+    assert!(
+        metrics["memory"]["usage"].as_u64().unwrap_or(0) > 0,
+        "{metrics}"
+    );
+    assert_eq!(metrics["memory"]["usage_limit"], u64::MAX, "{metrics}");
     let ns = format!("pid:/proc/{pid}/ns/pid");
     let mut joined = pod.to_vec();
     joined.extend_from_slice(&["--with-ns", &ns]);
@@ -343,8 +354,9 @@ fn linux_containerd_reports_failures_and_leaks_nothing() {
 }
 
 /// A sandbox in a network namespace set up by CNI (Debian's bridge and host-local plugins,
-/// run in a second namespace that stands for the host): the container has the address CNI
-/// gave and reaches the bridge's address in that other namespace.
+/// run in a second namespace that stands for the host): the container has the address and
+/// MAC CNI gave and reaches the bridge's address in that other namespace, booted cold and
+/// restored from the template (two pods restored from one template, each with its own).
 #[test]
 fn linux_containerd_gives_a_sandbox_its_cni_network() {
     let test = "linux_containerd_gives_a_sandbox_its_cni_network";
@@ -364,11 +376,12 @@ fn linux_containerd_gives_a_sandbox_its_cni_network() {
         "bridge": "ember-cni0", "isGateway": true, "ipMasq": false,
         "ipam": {"type": "host-local", "subnet": "10.99.0.0/24",
                  "routes": [{"dst": "0.0.0.0/0"}], "dataDir": s.path("ipam")}});
-    let cni = |command: &str| {
+    // The CNI bridge plugin, run in `host` for the pod namespace `pod` (container ID `id`).
+    let cni = |command: &str, pod: &common::netns::NetNs, id: &str| {
         let mut child = std::process::Command::new("ip")
             .args(["netns", "exec", &host.name, "/usr/lib/cni/bridge"])
             .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", "cni1")
+            .env("CNI_CONTAINERID", id)
             .env("CNI_NETNS", format!("/var/run/netns/{}", pod.name))
             .env("CNI_IFNAME", "eth0")
             .env("CNI_PATH", "/usr/lib/cni")
@@ -392,27 +405,42 @@ fn linux_containerd_gives_a_sandbox_its_cni_network() {
         );
         text(&out.stdout)
     };
-    let added: serde_json::Value = serde_json::from_str(&cni("ADD")).unwrap();
+    // A container in the pod's namespace has CNI's address and MAC, and pings the bridge.
+    let run_in_pod = |pod: &common::netns::NetNs, id: &str, address: &str, mac: &str| {
+        let ns = format!("network:/var/run/netns/{}", pod.name);
+        let out = c.run(
+            id,
+            &["--with-ns", &ns],
+            &["sh", "-c", "ip addr show eth0; ping -c 1 -W 10 10.99.0.1"],
+        );
+        let seen = text(&out.stdout);
+        assert!(out.status.success(), "{seen} {}", text(&out.stderr));
+        assert!(seen.contains(&format!("inet {address}")), "{seen}");
+        assert!(seen.contains(&format!("link/ether {mac}")), "{seen}");
+        assert!(seen.contains("1 packets received"), "{seen}");
+        c.assert_nothing_left();
+        // The TAP went with the sandbox.
+        let links = pod.exec(&["ip", "-o", "link", "show"]);
+        assert!(!links.contains("tap0"), "{links}");
+    };
+    let added: serde_json::Value = serde_json::from_str(&cni("ADD", &pod, "cni1")).unwrap();
     let address = added["ips"][0]["address"].as_str().unwrap().to_string();
     assert!(address.starts_with("10.99.0."), "{added}");
+    let mac = pod.exec(&["cat", "/sys/class/net/eth0/address"]);
+    run_in_pod(&pod, "cni1", &address, mac.trim());
 
-    let ns = format!("network:/var/run/netns/{}", pod.name);
-    let out = c.run(
-        "cni1",
-        &["--with-ns", &ns],
-        &[
-            "sh",
-            "-c",
-            "ip -4 addr show eth0; ping -c 1 -W 10 10.99.0.1",
-        ],
-    );
-    let seen = text(&out.stdout);
-    assert!(out.status.success(), "{seen} {}", text(&out.stderr));
-    assert!(seen.contains(&format!("inet {address}")), "{seen}");
-    assert!(seen.contains("1 packets received"), "{seen}");
-    c.assert_nothing_left();
-    // The TAP went with the sandbox.
-    let links = pod.exec(&["ip", "-o", "link", "show"]);
-    assert!(!links.contains("tap0"), "{links}");
-    cni("DEL");
+    // From the template: the first sandbox makes it (with a NIC, in its namespace) and a
+    // second pod's sandbox restores it; each guest has its own pod's address and MAC.
+    c.use_template(true);
+    run_in_pod(&pod, "cni2", &address, mac.trim());
+    let Some(pod2) = common::netns::NetNs::new_or_skip(test) else {
+        return;
+    };
+    let added2: serde_json::Value = serde_json::from_str(&cni("ADD", &pod2, "cni3")).unwrap();
+    let address2 = added2["ips"][0]["address"].as_str().unwrap().to_string();
+    let mac2 = pod2.exec(&["cat", "/sys/class/net/eth0/address"]);
+    assert_ne!(mac.trim(), mac2.trim());
+    run_in_pod(&pod2, "cni3", &address2, mac2.trim());
+    cni("DEL", &pod2, "cni3");
+    cni("DEL", &pod, "cni1");
 }

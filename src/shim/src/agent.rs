@@ -35,7 +35,8 @@ pub struct Agent {
 impl Agent {
     fn connect(&self, timeout: Option<Duration>) -> Result<UnixStream, Error> {
         let mut s = UnixStream::connect(&self.uds).map_err(Error::Unreachable)?;
-        s.set_read_timeout(Some(ANSWER_TIMEOUT))
+        let first = timeout.map_or(ANSWER_TIMEOUT, |t| t.min(ANSWER_TIMEOUT));
+        s.set_read_timeout(Some(first))
             .map_err(Error::Unreachable)?;
         s.write_all(format!("CONNECT {PORT}\n").as_bytes())
             .map_err(Error::Unreachable)?;
@@ -65,6 +66,12 @@ impl Agent {
     /// instruction is emulated, has taken over a minute.
     pub fn ask(&self, request: Value) -> Result<Value, Error> {
         self.call(request, Some(ANSWER_TIMEOUT))
+    }
+
+    /// Whether the agent answers a `ping` within `timeout`: a connection the guest never
+    /// takes up (as once right after a restore) is given up on and the next one tried.
+    pub fn answers(&self, timeout: Duration) -> bool {
+        self.call(json!({"op": "ping"}), Some(timeout)).is_ok()
     }
 
     /// A process's stream (`stdin`, `stdout`, `stderr`): the connection after the agent's

@@ -7,6 +7,7 @@ mod config;
 mod events;
 mod http;
 mod layers;
+mod metrics;
 mod network;
 mod process;
 mod sandbox;

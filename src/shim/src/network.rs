@@ -30,6 +30,9 @@ pub struct Network {
     pub address: String,
     pub gateway: Option<String>,
     pub mtu: u64,
+    /// The CNI interface's MAC address, which the guest's eth0 takes: frames leave the
+    /// namespace as if from that interface.
+    pub mac: Option<String>,
 }
 
 /// The host network namespace the spec puts the container in, if it names one (a path that
@@ -80,9 +83,11 @@ pub fn prepare(netns: &Path) -> Result<Network, Error> {
             name.to_string(),
             address,
             link["mtu"].as_u64().unwrap_or(1500),
+            link["address"].as_str().map(str::to_string),
         ))
     });
-    let (interface, address, mtu) = found.ok_or_else(|| Error::NoInterface(netns.to_path_buf()))?;
+    let (interface, address, mtu, mac) =
+        found.ok_or_else(|| Error::NoInterface(netns.to_path_buf()))?;
     let routes: Value =
         serde_json::from_str(&run_in(netns, &["ip", "-j", "route", "show", "default"])?)
             .unwrap_or_default();
@@ -96,6 +101,7 @@ pub fn prepare(netns: &Path) -> Result<Network, Error> {
         address,
         gateway,
         mtu,
+        mac,
     })
 }
 

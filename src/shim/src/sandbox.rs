@@ -19,6 +19,9 @@ use crate::agent::Agent;
 use crate::config::Config;
 use crate::http;
 
+/// How long one readiness ping may wait for the agent before the next is tried (a guest
+/// under load on a kvm_pvm host answers within seconds).
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// Placeholder disks are this big (sparse): a size every guest driver accepts.
 const STUB_BYTES: u64 = 1 << 20;
 const BASE_ARGS: &str =
@@ -108,12 +111,18 @@ impl Sandbox {
 
     /// Starts the VM from a template's snapshot (a booted guest whose agent waits): the
     /// sandbox's own vsock socket, and its own placeholders for the writable disks (the
-    /// template's are not shared with a guest).
-    pub fn restore(config: &Config, template: &Path, dir: PathBuf) -> Result<Sandbox, Error> {
+    /// template's are not shared with a guest). With `netns`, ember runs there, where the
+    /// template's NIC finds the sandbox's TAP by the same name.
+    pub fn restore(
+        config: &Config,
+        template: &Path,
+        dir: PathBuf,
+        netns: Option<&Path>,
+    ) -> Result<Sandbox, Error> {
         let paths = Paths { dir: dir.clone() };
         std::fs::create_dir_all(&dir).map_err(|e| Error::Dir(dir.clone(), e))?;
         make_stubs(&paths, config.slots, false)?;
-        let sandbox = Sandbox::spawn(config, dir, &[], None)?;
+        let sandbox = Sandbox::spawn(config, dir, &[], netns)?;
         let start = Instant::now();
         while !paths.api().exists() {
             if let Some(why) = sandbox.ended() {
@@ -131,6 +140,7 @@ impl Sandbox {
         let load = json!({"snapshot_path": template.join("vmstate"),
             "mem_backend": {"backend_type": "File", "backend_path": template.join("mem")},
             "resume_vm": true, "vsock_override": {"uds_path": paths.vsock()}});
+        let api_up = start.elapsed();
         let restored = sandbox.api("PUT", "/snapshot/load", &load).and_then(|()| {
             (0..config.slots)
                 .try_for_each(|slot| sandbox.point(&format!("upper{slot}"), &paths.stub_rw(slot)))
@@ -139,7 +149,13 @@ impl Sandbox {
             sandbox.stop();
             return Err(e);
         }
+        let loaded = start.elapsed();
         sandbox.wait_for_agent(Duration::from_secs(config.boot_timeout_secs))?;
+        log::info!(
+            "restored {}: API up at {api_up:?}, loaded and disks re-pointed at {loaded:?}, agent answered at {:?}",
+            sandbox.dir.display(),
+            start.elapsed()
+        );
         Ok(sandbox)
     }
 
@@ -232,7 +248,7 @@ impl Sandbox {
             if let Some(why) = self.ended() {
                 return Err(Error::DiedBooting(why, self.paths().console()));
             }
-            if self.agent.ask(json!({"op": "ping"})).is_ok() {
+            if self.agent.answers(PING_TIMEOUT) {
                 return Ok(());
             }
             if start.elapsed() > timeout {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use containerd_shim::api::{self, Status};
 use containerd_shim::protos::protobuf::MessageField;
@@ -113,37 +113,40 @@ impl Service {
             None => config.mem_size_mib,
         };
         let dir = sandbox_dir(config, &self.0.namespace, &grouping(spec, id));
-        // A CNI network namespace: a TAP there, the VM's NIC on it (a cold boot: templates
-        // have no NIC), the guest's eth0 given CNI's address.
-        let Some(netns) = network::netns_of(spec) else {
-            let vm = match config.start_from_template {
-                true => {
-                    template::ensure(config, mem).and_then(|t| Sandbox::restore(config, &t, dir))
-                }
-                false => Sandbox::boot(config, dir, mem, None),
-            };
-            let sandbox = Arc::new(vm.map_err(failed)?);
-            *slot = Some(sandbox.clone());
-            return Ok(sandbox);
+        // A CNI network namespace: a TAP there, the VM's NIC on it, the guest's eth0 given
+        // CNI's address and MAC.
+        let netns = network::netns_of(spec);
+        let net = match &netns {
+            Some(ns) => Some(network::prepare(ns).map_err(failed)?),
+            None => None,
         };
-        let net = network::prepare(&netns).map_err(failed)?;
         let undo = |e: String| {
-            network::tear_down(&netns);
+            if let Some(ns) = &netns {
+                network::tear_down(ns);
+            }
             failed(e)
         };
-        let vm = Sandbox::boot(config, dir, mem, Some(&netns)).map_err(|e| undo(e.to_string()))?;
-        let configured = network::connect(&net)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                let request = json!({"op": "network", "interface": "eth0", "address": net.address,
-                "gateway": net.gateway, "mtu": net.mtu});
-                vm.agent.ask(request).map(drop).map_err(|e| e.to_string())
-            });
-        if let Err(e) = configured {
-            vm.stop();
-            return Err(undo(e));
+        let vm = match config.start_from_template {
+            true => template::ensure(config, mem, netns.as_deref())
+                .and_then(|t| Sandbox::restore(config, &t, dir, netns.as_deref())),
+            false => Sandbox::boot(config, dir, mem, netns.as_deref()),
         }
-        *self.0.network.lock().unwrap_or_else(|e| e.into_inner()) = Some(netns);
+        .map_err(|e| undo(e.to_string()))?;
+        if let Some(net) = &net {
+            let configured = network::connect(net)
+                .map_err(|e| e.to_string())
+                .and_then(|()| {
+                    let request = json!({"op": "network", "interface": "eth0",
+                        "address": net.address, "gateway": net.gateway, "mtu": net.mtu,
+                        "mac": net.mac});
+                    vm.agent.ask(request).map(drop).map_err(|e| e.to_string())
+                });
+            if let Err(e) = configured {
+                vm.stop();
+                return Err(undo(e));
+            }
+            *self.0.network.lock().unwrap_or_else(|e| e.into_inner()) = netns;
+        }
         let sandbox = Arc::new(vm);
         *slot = Some(sandbox.clone());
         Ok(sandbox)
@@ -180,10 +183,12 @@ impl Service {
                 "the Ember shim does not restore container checkpoints",
             ));
         }
+        let start = Instant::now();
         let config = Config::load().map_err(failed)?;
         let bundle = Path::new(&req.bundle);
         let spec = read_spec(bundle).map_err(|e| error(Code::INVALID_ARGUMENT, e))?;
         let sandbox = self.sandbox_for(&config, &spec, id)?;
+        let vm_ready = start.elapsed();
         let dir = sandbox.dir.join("containers").join(id);
         let disks = layers::prepare(
             &req.rootfs,
@@ -193,6 +198,7 @@ impl Service {
             config.writable_layer_mib,
         )
         .map_err(failed)?;
+        let disks_ready = start.elapsed();
         let slot = sandbox
             .attach(id, &disks.image, &disks.writable)
             .map_err(|e| {
@@ -211,6 +217,10 @@ impl Service {
             .agent
             .ask(request)
             .map_err(|e| undo(e.to_string()))?;
+        log::info!(
+            "create {id}: VM ready at {vm_ready:?}, disks at {disks_ready:?}, created in the guest at {:?}",
+            start.elapsed()
+        );
         let pid = answer["pid"].as_u64().unwrap_or(0) as u32;
         let stdio = StdioPaths {
             stdin: req.stdin.clone(),
@@ -275,10 +285,16 @@ impl containerd_shim::Task for Service {
         let process = self.process(&req.id, &req.exec_id)?;
         let sandbox = self.sandbox()?;
         let exec = exec_of(&req.exec_id);
+        let begin = Instant::now();
         let answer = sandbox
             .agent
             .ask(json!({"op": "start", "id": req.id, "exec_id": exec}))
             .map_err(failed)?;
+        log::info!(
+            "start {}: started in the guest in {:?}",
+            req.id,
+            begin.elapsed()
+        );
         let pid = answer["pid"].as_u64().unwrap_or(0) as u32;
         process.started(pid);
         self.watch(process, sandbox.agent.clone());
@@ -414,6 +430,29 @@ impl containerd_shim::Task for Service {
         Ok(api::WaitResponse {
             exit_status,
             exited_at: MessageField::some(timestamp(at)),
+            ..Default::default()
+        })
+    }
+
+    fn stats(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        if !self.containers().contains_key(&req.id) {
+            return Err(error(
+                Code::NOT_FOUND,
+                format!("container {} does not exist", req.id),
+            ));
+        }
+        let sandbox = self.sandbox()?;
+        let reading = sandbox
+            .agent
+            .ask(json!({"op": "stats", "id": req.id}))
+            .map_err(failed)?;
+        let stats = crate::metrics::from_agent(&reading).map_err(failed)?;
+        Ok(api::StatsResponse {
+            stats: MessageField::some(stats),
             ..Default::default()
         })
     }

@@ -35,11 +35,15 @@ fn key(config: &Config, mem_size_mib: u32) -> u64 {
     fnv64(which.as_bytes())
 }
 
-/// The template for this guest and size, made now (a cold boot) if there is none yet.
-pub fn ensure(config: &Config, mem_size_mib: u32) -> Result<PathBuf, Error> {
+/// The template for this guest and size, made now (a cold boot) if there is none yet. With
+/// `netns` (a CNI sandbox's namespace, holding its TAP), the template has a NIC on that TAP
+/// (made there, by name; each sandbox restored from it runs in its own namespace, whose TAP
+/// has the same name).
+pub fn ensure(config: &Config, mem_size_mib: u32, netns: Option<&Path>) -> Result<PathBuf, Error> {
     let root = config.cache_dir.join("templates");
     std::fs::create_dir_all(&root).map_err(|e| Error::Dir(root.clone(), e))?;
-    let name = format!("{:016x}-{mem_size_mib}m", key(config, mem_size_mib));
+    let nic = if netns.is_some() { "-nic" } else { "" };
+    let name = format!("{:016x}-{mem_size_mib}m{nic}", key(config, mem_size_mib));
     let dir = root.join(&name);
     // One shim makes it; the others wait for it.
     let lock =
@@ -49,9 +53,15 @@ pub fn ensure(config: &Config, mem_size_mib: u32) -> Result<PathBuf, Error> {
         return Ok(dir);
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let vm = Sandbox::boot(config, dir.clone(), mem_size_mib, None)?;
+    let start = std::time::Instant::now();
+    let vm = Sandbox::boot(config, dir.clone(), mem_size_mib, netns)?;
+    let booted = start.elapsed();
     let made = vm.snapshot();
     vm.kill();
+    log::info!(
+        "template {name}: booted in {booted:?}, snapshot written at {:?}",
+        start.elapsed()
+    );
     if let Err(e) = made {
         let _ = std::fs::remove_dir_all(&dir);
         return Err(e);

@@ -118,6 +118,16 @@ impl Containerd {
         std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
     }
 
+    /// Sandboxes started from now on boot cold, or start from the template (the shim reads
+    /// its configuration at each sandbox's start).
+    pub fn use_template(&self, template: bool) {
+        let file = self.dir.join("shim.json");
+        let mut shim: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        shim["start_from_template"] = json!(template);
+        std::fs::write(file, shim.to_string()).unwrap();
+    }
+
     /// `ctr` against this containerd.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new("ctr");

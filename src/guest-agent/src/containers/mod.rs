@@ -10,6 +10,7 @@ pub mod protocol;
 mod reaper;
 mod rootfs;
 mod runtime;
+mod stats;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -128,7 +129,15 @@ fn handle(op: Op) -> Result<serde_json::Value, String> {
             address,
             gateway,
             mtu,
-        } => network::configure(&interface, &address, gateway.as_deref(), mtu).map(|()| json!({})),
+            mac,
+        } => network::configure(
+            &interface,
+            &address,
+            gateway.as_deref(),
+            mtu,
+            mac.as_deref(),
+        )
+        .map(|()| json!({})),
         Op::Create { id, spec, rootfs } => {
             runtime::create(&id, spec, &rootfs).map(|pid| json!({ "pid": pid }))
         }
@@ -152,6 +161,13 @@ fn handle(op: Op) -> Result<serde_json::Value, String> {
         Op::CloseStdin { .. } => {
             process()?.close_stdin();
             Ok(json!({}))
+        }
+        Op::Stats { .. } => {
+            let init = process()?;
+            if init.state().status != protocol::Status::Running {
+                return Err("the container is not running".into());
+            }
+            stats::of_process(init.pid())
         }
         Op::Delete { .. } => runtime::delete(target.as_ref().expect("delete names a process"))
             .map(|code| json!({ "exit_status": code })),

@@ -1,5 +1,7 @@
 //! The VM's network as the sandbox's CNI set it up on the host: the interface gets that
-//! address, route and MTU (busybox `ip`, which the guest image has in /sbin).
+//! address, route and MTU, and the CNI interface's MAC address (busybox `ip`, which the
+//! guest image has in /sbin). The MAC matters for guests restored from one template: they
+//! would otherwise all have the template's.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -10,6 +12,7 @@ pub fn configure(
     address: &str,
     gateway: Option<&str>,
     mtu: Option<u32>,
+    mac: Option<&str>,
 ) -> Result<(), String> {
     let name_ok = !interface.is_empty()
         && interface.len() < 16
@@ -40,11 +43,63 @@ pub fn configure(
     if !(68..=65535).contains(&mtu) {
         return Err(format!("the MTU {mtu} is outside 68 to 65535"));
     }
+    if let Some(mac) = mac {
+        let bytes = unicast_mac(mac)
+            .ok_or_else(|| format!("{mac:?} is not a unicast MAC address (aa:bb:cc:dd:ee:ff)"))?;
+        // virtio-net takes a new address only while the interface is down.
+        ip_cmd(&["link", "set", interface, "down"])?;
+        set_mac(interface, bytes)?;
+    }
     ip_cmd(&["link", "set", interface, "mtu", &mtu.to_string(), "up"])?;
     ip_cmd(&["addr", "flush", "dev", interface])?;
     ip_cmd(&["addr", "add", address, "dev", interface])?;
     if let Some(g) = gateway {
         ip_cmd(&["route", "replace", "default", "via", g, "dev", interface])?;
+    }
+    Ok(())
+}
+
+/// Six colon-separated hex bytes, the first without the group bit.
+fn unicast_mac(mac: &str) -> Option<[u8; 6]> {
+    let mut bytes = [0u8; 6];
+    let mut parts = mac.split(':');
+    for byte in &mut bytes {
+        let part = parts.next().filter(|p| p.len() == 2)?;
+        *byte = u8::from_str_radix(part, 16).ok()?;
+    }
+    (parts.next().is_none() && bytes[0] & 1 == 0).then_some(bytes)
+}
+
+/// SIOCSIFHWADDR on an inet socket: busybox's `ip link set address` needs packet sockets,
+/// which the guest kernel leaves out.
+fn set_mac(interface: &str, mac: [u8; 6]) -> Result<(), String> {
+    const SIOCSIFHWADDR: libc::c_ulong = 0x8924;
+    const ARPHRD_ETHER: libc::sa_family_t = 1;
+    // SAFETY: an all-zero ifreq is a valid value of this plain C struct.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (to, from) in req.ifr_name.iter_mut().zip(interface.bytes()) {
+        *to = from as libc::c_char;
+    }
+    // SAFETY: writing the union's hwaddr member, which the ioctl reads.
+    unsafe {
+        req.ifr_ifru.ifru_hwaddr.sa_family = ARPHRD_ETHER;
+        for (to, from) in req.ifr_ifru.ifru_hwaddr.sa_data.iter_mut().zip(mac) {
+            *to = from as libc::c_char;
+        }
+    }
+    // SAFETY: a new socket owned by nothing else; closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `req` is a complete ifreq (the name is NUL-terminated: at most 15 bytes were
+    // copied into 16 zeroed ones) that outlives the call.
+    let rc = unsafe { libc::ioctl(fd, SIOCSIFHWADDR as _, &req) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    if rc != 0 {
+        return Err(format!("cannot give {interface} the MAC address: {err}"));
     }
     Ok(())
 }
@@ -63,4 +118,29 @@ fn ip_cmd(args: &[&str]) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_unicast_macs_are_taken() {
+        assert_eq!(
+            unicast_mac("0a:58:0a:63:00:05"),
+            Some([0x0a, 0x58, 0x0a, 0x63, 0, 5])
+        );
+        assert!(unicast_mac("AA:bb:cc:dd:ee:fe").is_some());
+        for bad in [
+            "01:00:5e:00:00:01",
+            "0a:58:0a:63:00",
+            "0a:58:0a:63:00:05:07",
+            "0a-58-0a-63-00-05",
+            "0a:58:0a:63:00:5",
+            "0a:58:0a:63:00:zz",
+            "",
+        ] {
+            assert!(unicast_mac(bad).is_none(), "{bad}");
+        }
+    }
 }

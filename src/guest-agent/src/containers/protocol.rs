@@ -147,8 +147,8 @@ pub enum Op {
         #[serde(default)]
         exec_id: Option<String>,
     },
-    /// Gives the VM's `interface` the sandbox's address (`10.88.0.5/16`), default route and
-    /// MTU: what CNI gave the sandbox's network namespace on the host.
+    /// Gives the VM's `interface` the sandbox's address (`10.88.0.5/16`), default route,
+    /// MTU and MAC: what CNI gave the sandbox's network namespace on the host.
     Network {
         interface: String,
         address: String,
@@ -156,7 +156,12 @@ pub enum Op {
         gateway: Option<String>,
         #[serde(default)]
         mtu: Option<u32>,
+        /// The MAC address `interface` takes (the CNI interface's).
+        #[serde(default)]
+        mac: Option<String>,
     },
+    /// The container's resource use, from its cgroup (`stats.rs`).
+    Stats { id: String },
     /// Forgets an exited exec, or removes the container (killing what runs in it).
     Delete {
         id: String,
@@ -177,7 +182,7 @@ impl Op {
     pub fn target(&self) -> Option<Target> {
         let (id, exec_id) = match self {
             Op::Ping {} | Op::Network { .. } => return None,
-            Op::Create { id, .. } => (id, None),
+            Op::Create { id, .. } | Op::Stats { id } => (id, None),
             Op::Exec { id, exec_id, .. } => (id, Some(exec_id)),
             Op::Start { id, exec_id }
             | Op::Wait { id, exec_id }
