@@ -15,8 +15,10 @@ use std::time::{Duration, SystemTime};
 use crate::agent::Agent;
 
 /// How long the output of an exited process may take to drain before its exit is
-/// reported anyway (a daemon it left behind may hold its pipe open for ever).
-const DRAIN: Duration = Duration::from_secs(2);
+/// reported anyway (a daemon it left behind may hold its pipe open for ever). Generous: on
+/// a loaded kvm_pvm host the guest's last output can come seconds after its exit, and
+/// reporting the exit first loses it (ctr closes its end).
+const DRAIN: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -183,6 +185,13 @@ impl Process {
             match drained.recv_timeout(left) {
                 Ok(()) => continue,
                 // Every copier has finished (their senders are gone) or time is up.
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    log::warn!(
+                        "{}: its output had not ended {DRAIN:?} after its exit; exit reported",
+                        self.id
+                    );
+                    break;
+                }
                 Err(_) => break,
             }
         }
