@@ -282,8 +282,8 @@ impl Ember {
         while !self.stdout().contains(text) {
             assert!(
                 started.elapsed() < deadline,
-                "no {text:?} in {deadline:?}\nstdout:\n{}\nstderr:\n{}",
-                self.stdout(),
+                "no {text:?} in {deadline:?}\nstdout's last lines:\n{}\nstderr:\n{}",
+                last_lines(&self.stdout(), 40),
                 self.stderr()
             );
             std::thread::sleep(Duration::from_millis(5));
@@ -390,4 +390,11 @@ impl Drop for Ember {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The last `n` lines of `text`: where a stalled guest stopped, which a report that cuts
+/// long output would lose if the whole boot log came first.
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
