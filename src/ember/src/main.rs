@@ -38,7 +38,7 @@ enum StartError {
     #[error("{0}")]
     Config(#[from] ConfigError),
     #[error("cannot start the microVM: {0}")]
-    Start(String),
+    Start(#[source] vmm::rpc::StartError),
     #[error("cannot set up the VMM thread: {0}")]
     Controller(#[from] vmm::controller::Error),
     #[error("cannot read the metadata file {path}: {source}")]
@@ -236,8 +236,8 @@ fn run() -> Result<i32, StartError> {
     let raw = terminal::RawMode::enter();
     if args.config_file.is_some() {
         controller.start().map_err(|e| match e {
-            ActionError::Start(msg) => StartError::Start(msg),
-            other => StartError::Start(other.to_string()),
+            ActionError::Start(e) => StartError::Start(e),
+            other => StartError::Action(other),
         })?;
     }
 

@@ -15,13 +15,12 @@ use crate::config::{
     PartialNetworkInterface, RateLimiterConfig,
 };
 use crate::event_loop::{Subscriber, Wakeup};
-use crate::memory;
 use crate::metrics_writer::MetricsWriter;
 use crate::microvm::MicroVm;
 use crate::resources::VmResources;
 use crate::rpc::{self, ActionError, ActionResult, InstanceInfo, VmmAction, VmmData, VmmSide};
-use crate::snapshot::load::{LoadError, Memory, Prepared, SnapshotLoadParams};
-use crate::snapshot::{uffd, Setup};
+use crate::snapshot::load::{LoadError, Prepared, SnapshotLoadParams};
+use crate::snapshot::{self, Setup};
 use crate::{ExitSignal, VmExit};
 
 /// How long the VMM thread polls for the next request after answering one.
@@ -120,7 +119,7 @@ impl Controller {
             return Err(ActionError::NotSupportedPostBoot);
         }
         let vm = builder::build(&self.resources, &self.host())
-            .map_err(|e| ActionError::Start(e.to_string()))?;
+            .map_err(|e| ActionError::Start(e.into()))?;
         self.launch(vm)
     }
 
@@ -140,13 +139,13 @@ impl Controller {
             mmds::lock(&self.mmds).configure(config.version, config.imds_compat);
         }
         vm.start(&mut self.event_manager, &self.filters)
-            .map_err(|e| ActionError::Start(e.to_string()))?;
+            .map_err(|e| ActionError::Start(e.into()))?;
         self.vm = Some(vm);
         // From here this thread serves the guest's devices. (The vCPU threads were started
         // first: a thread inherits its parent's filter, and theirs differs.)
         if let Err(e) = self.filters.install(seccomp::Thread::Vmm) {
             self.exit.report(VmExit::VmmError(e.to_string()));
-            return Err(ActionError::Start(e.to_string()));
+            return Err(ActionError::Start(e.into()));
         }
         Ok(())
     }
@@ -413,7 +412,7 @@ impl Controller {
             VmmAction::Pause => {
                 let vm = self.running()?;
                 if !vm.is_paused() {
-                    vm.pause().map_err(|e| ActionError::Pause(e.to_string()))?;
+                    vm.pause().map_err(ActionError::Pause)?;
                 }
                 Ok(VmmData::Empty)
             }
@@ -466,48 +465,13 @@ impl Controller {
     fn restore(
         &mut self,
         params: &SnapshotLoadParams,
-        prepared: Prepared,
+        mut prepared: Prepared,
     ) -> Result<(), ActionError> {
-        let fail = |e: LoadError| ActionError::LoadSnapshot(e.into());
-        let state = &prepared.state;
-        let mut resources = prepared.resources;
         // `PUT /serial` is not part of a snapshot: what this process was given holds.
-        resources.serial = self.resources.serial.clone();
-        let (mem, uffd_path) = match &prepared.memory {
-            Memory::File(file) => (memory::from_file(file, &state.memory), None),
-            Memory::Uffd(path) => (
-                memory::create_regions(&state.memory, resources.machine_config.huge_pages),
-                Some(path),
-            ),
-        };
-        let mem = mem.map_err(|e| fail(LoadError::Build(e.to_string())))?;
-        let uffd = match uffd_path {
-            Some(path) => Some(
-                uffd::hand_over(&mem, resources.machine_config.huge_pages, path)
-                    .map_err(|e| fail(e.into()))?,
-            ),
-            None => None,
-        };
-        let mut vm = builder::restore(
-            &resources,
-            state,
-            mem,
-            params.dirty_tracking(),
-            params.clock_realtime,
-            &self.host(),
-        )
-        .map_err(|e| fail(LoadError::Build(e.to_string())))?;
-        if let Some(uffd) = uffd {
-            vm.keep_uffd(uffd);
-        }
-        if !params.resume_vm {
-            vm.start_paused();
-        }
-        if !state.mmds.is_null() {
-            mmds::lock(&self.mmds).put(state.mmds.clone())?;
-        }
+        prepared.resources.serial = self.resources.serial.clone();
+        let (vm, resources) = snapshot::restore(params, prepared, &self.host())
+            .map_err(|e| ActionError::LoadSnapshot(e.into()))?;
         self.resources = resources;
-        self.resources.machine_config.track_dirty_pages = params.dirty_tracking();
         self.configured = true;
         self.launch(vm)
     }

@@ -12,7 +12,6 @@ use devices::virtio::vsock::Vsock;
 use devices::virtio::MmioTransport;
 use event_manager::{EventManager, SubscriberOps};
 
-use crate::builder::Parts;
 use crate::event_loop::Subscriber;
 use crate::memory::GuestMemory;
 use crate::snapshot::{
@@ -48,6 +47,18 @@ pub struct Devices {
 
 fn find<'a, T>(list: &'a [(String, Arc<Mutex<T>>)], id: &str) -> Option<&'a Arc<Mutex<T>>> {
     list.iter().find(|(name, _)| name == id).map(|(_, d)| d)
+}
+
+/// KVM's counters of each vCPU that has them, by vCPU index.
+pub(crate) type VcpuCounters = Vec<(u8, VcpuStats)>;
+
+/// What a microVM is made of, as the builder hands it over.
+pub(crate) struct Parts {
+    pub vcpus: Vec<Vcpu>,
+    pub stats: VcpuCounters,
+    pub subscribers: Vec<Subscriber>,
+    pub devices: Devices,
+    pub i8042: Arc<Mutex<I8042>>,
 }
 
 pub struct MicroVm {

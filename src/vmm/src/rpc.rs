@@ -107,13 +107,24 @@ pub enum VmmData {
     HintingStatus(devices::virtio::balloon::HintingStatus),
 }
 
+/// Why `InstanceStart` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Build(#[from] crate::builder::BuildError),
+    #[error("{0}")]
+    Launch(#[from] crate::microvm::Error),
+    #[error("{0}")]
+    Seccomp(#[from] seccomp::Error),
+}
+
 /// A refused or failed request; the API shows it as `{"fault_message": "<this sentence>"}`.
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {
     #[error("{0}")]
     Config(#[from] ConfigError),
     #[error("Start microvm error: {0}")]
-    Start(String),
+    Start(#[source] StartError),
     #[error("The requested operation is not supported before starting the microVM.")]
     NotSupportedPreBoot,
     #[error("The requested operation is not supported after starting the microVM.")]
@@ -123,7 +134,7 @@ pub enum ActionError {
     #[error("{0}")]
     Mmds(#[from] mmds::StoreError),
     #[error("the microVM could not be paused: {0}")]
-    Pause(String),
+    Pause(#[source] crate::microvm::Error),
     #[error("drive {id}: {reason}")]
     DriveUpdate { id: String, reason: String },
     #[error("Cannot initialize the logger: cannot open {path}: {source}")]

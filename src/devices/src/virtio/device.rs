@@ -5,7 +5,7 @@ use std::sync::Arc;
 use virtio_queue::{Queue, QueueState};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{GuestMemory, IrqTrigger};
+use super::{GuestMemory, IrqTrigger, VirtioCommon};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ActivateError {
@@ -15,19 +15,15 @@ pub enum ActivateError {
     InvalidQueue(usize),
 }
 
-/// A virtio device type. The transport owns the generic state (features selected, queues,
-/// status); the device owns its configuration space and does the work once activated.
+/// A virtio device type. Each embeds a [`VirtioCommon`] (features, queues, activation) and
+/// implements only what is its own: its type, its configuration space, and what it does
+/// when the driver starts, resets or a snapshot restores it. The transport (virtio-mmio)
+/// drives the device through this trait and knows nothing else of it.
 pub trait VirtioDevice: Send {
+    fn common(&self) -> &VirtioCommon;
+    fn common_mut(&mut self) -> &mut VirtioCommon;
     /// The virtio device ID (2 for block, ...).
     fn device_type(&self) -> u32;
-    /// The largest size of each queue; their count is the number of queues.
-    fn queue_max_sizes(&self) -> &[u16];
-    /// One eventfd per queue, signalled by KVM (ioeventfd) when the guest notifies it.
-    fn queue_events(&self) -> &[EventFd];
-    /// Feature bits offered to the driver.
-    fn avail_features(&self) -> u64;
-    /// The features the driver accepted (always a subset of `avail_features`).
-    fn set_acked_features(&mut self, features: u64);
     /// Reads the device configuration space; bytes past its end read as zero.
     fn read_config(&self, offset: u64, data: &mut [u8]);
     /// Changes each time the device changes its configuration space, so that the driver can
@@ -37,22 +33,65 @@ pub trait VirtioDevice: Send {
     }
     /// Writes the configuration space; most devices ignore it.
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
+    /// The device's count of activations refused for an invalid queue.
+    fn activate_fails(&self) -> Option<&telemetry::Counter> {
+        None
+    }
+    /// The driver's queues are in place (on a vCPU thread): by default, the VMM thread is
+    /// asked to serve whatever every queue already holds.
+    fn activated(&mut self) {
+        self.common().kick(0..self.common().queue_events().len());
+    }
+    /// The driver reset the device, whose queues are gone: drop what is the device's own.
+    fn reset_device(&mut self) {}
+    /// Called once a restored device is active again and the VM's interrupt controllers are
+    /// restored (vsock tells the guest its connections are gone here).
+    fn restored(&mut self) {}
+
+    /// The largest size of each queue; their count is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16] {
+        self.common().queue_max_sizes()
+    }
+    /// One eventfd per queue, signalled by KVM (ioeventfd) when the guest notifies it.
+    fn queue_events(&self) -> &[EventFd] {
+        self.common().queue_events()
+    }
+    /// Feature bits offered to the driver.
+    fn avail_features(&self) -> u64 {
+        self.common().avail_features()
+    }
+    /// The features the driver accepted (kept only where offered).
+    fn set_acked_features(&mut self, features: u64) {
+        self.common_mut().set_acked_features(features);
+    }
     /// Starts the device on the driver's queues.
     fn activate(
         &mut self,
         mem: GuestMemory,
         queues: Vec<Queue>,
         irq: Arc<IrqTrigger>,
-    ) -> Result<(), ActivateError>;
+    ) -> Result<(), ActivateError> {
+        let result = self.common_mut().activate(mem, queues, irq);
+        if matches!(result, Err(ActivateError::InvalidQueue(_))) {
+            if let Some(fails) = self.activate_fails() {
+                fails.inc();
+            }
+        }
+        result?;
+        self.activated();
+        Ok(())
+    }
     /// Stops the device after a driver reset, returning it to its pre-activation state.
-    fn reset(&mut self);
+    fn reset(&mut self) {
+        self.common_mut().reset();
+        self.reset_device();
+    }
     /// The activated device's queues, in order, for a snapshot (empty before activation).
     /// A chain the device has taken but not given back is counted as not taken, so the
     /// restored device takes it again.
-    fn queue_states(&self) -> Vec<QueueState>;
-    /// Called once a restored device is active again and the VM's interrupt controllers are
-    /// restored (vsock tells the guest its connections are gone here).
-    fn restored(&mut self) {}
+    fn queue_states(&self) -> Vec<QueueState> {
+        self.common().queue_states()
+    }
 }
 
 /// Copies `src[offset..]` into `data`, zero-filling whatever lies past the end.
@@ -65,26 +104,4 @@ pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {
         let n = bytes.len().min(data.len());
         data[..n].copy_from_slice(&bytes[..n]);
     }
-}
-
-/// The driver's queues if there are `expected` of them and each lies in guest memory;
-/// `fails` counts a refusal for an invalid queue (the device's `activate_fails`).
-pub fn checked_queues(
-    mem: &GuestMemory,
-    queues: Vec<Queue>,
-    expected: usize,
-    fails: &telemetry::Counter,
-) -> Result<Vec<Queue>, ActivateError> {
-    use virtio_queue::QueueT;
-    if queues.len() != expected {
-        return Err(ActivateError::QueueCount {
-            expected,
-            found: queues.len(),
-        });
-    }
-    if let Some(bad) = queues.iter().position(|q| !q.is_valid(mem)) {
-        fails.inc();
-        return Err(ActivateError::InvalidQueue(bad));
-    }
-    Ok(queues)
 }

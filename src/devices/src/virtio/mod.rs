@@ -4,6 +4,7 @@
 
 pub mod balloon;
 pub mod block;
+pub mod common;
 pub mod device;
 pub mod interrupt;
 pub mod mmio;
@@ -14,6 +15,7 @@ pub mod snapshot;
 mod test_utils;
 pub mod vsock;
 
+pub use common::{Active, VirtioCommon};
 pub use device::{ActivateError, VirtioDevice};
 pub use interrupt::{InterruptKind, IrqTrigger};
 pub use mmio::MmioTransport;

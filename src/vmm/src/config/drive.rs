@@ -3,26 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use devices::virtio::block::{CacheType, IoEngine};
+
 use super::{check_readable, ConfigError, RateLimiterConfig};
 
 /// A drive's backing file: an image file or a host block device.
 const DISK: hostfile::Kind = hostfile::Kind::RegularOrBlockDevice;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-pub enum CacheType {
-    #[default]
-    Unsafe,
-    Writeback,
-}
-
-/// Firecracker's `io_engine`: I/O on the VMM thread (Sync), or by the host kernel's
-/// io_uring (Async).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-pub enum IoEngine {
-    #[default]
-    Sync,
-    Async,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -105,8 +105,12 @@ pub enum LoadError {
     Config(#[from] ConfigError),
     #[error("{0}")]
     Uffd(#[from] super::uffd::UffdError),
+    #[error("the snapshot's guest memory cannot be set up: {0}")]
+    Memory(#[from] crate::memory::Error),
     #[error("the microVM cannot be rebuilt: {0}")]
-    Build(String),
+    Build(#[from] crate::builder::BuildError),
+    #[error("the snapshot's MMDS data is refused: {0}")]
+    Mmds(#[from] mmds::StoreError),
 }
 
 /// Where guest RAM comes from.

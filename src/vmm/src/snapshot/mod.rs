@@ -8,11 +8,13 @@ pub mod file;
 pub mod load;
 mod memory_file;
 pub mod rebase;
+mod restore;
 pub mod state;
 pub mod uffd;
 pub mod uffd_handler;
 
 pub use memory_file::{write_diff_memory, write_memory};
+pub use restore::restore;
 
 use std::path::Path;
 

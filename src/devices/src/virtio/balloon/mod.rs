@@ -20,17 +20,16 @@ use event_manager::{EventOps, Events, MutEventSubscriber};
 use telemetry::BalloonMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
-use virtio_queue::{Queue, QueueState, QueueT};
+use virtio_queue::{QueueState, QueueT};
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 pub use hinting::{HintingError, HintingState, HintingStatus, StartHintingCmd};
 pub use stats::BalloonStats;
 
-use crate::virtio::device::{checked_queues, read_config_bytes};
-use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
+use crate::virtio::device::read_config_bytes;
+use crate::virtio::{GuestMemory, InterruptKind, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 /// The balloon's unit: 4 KiB pages, whatever the guest's page size.
@@ -66,22 +65,14 @@ pub struct BalloonConfig {
     pub metrics: Arc<BalloonMetrics>,
 }
 
-struct Active {
-    mem: GuestMemory,
-    queues: Vec<Queue>,
-    irq: Arc<IrqTrigger>,
-}
-
 pub struct Balloon {
-    avail_features: u64,
-    acked_features: u64,
+    common: VirtioCommon,
     /// Pages the host wants in the balloon (`num_pages`).
     target_pages: u32,
     /// Pages the driver says it holds (`actual`, written by the driver).
     actual_pages: u32,
     config_generation: u32,
     stats_interval_s: u16,
-    queue_events: Vec<EventFd>,
     stats_timer: TimerFd,
     /// The statistics buffer the driver left with the device, to hand back at the next tick.
     stats_head: Option<u16>,
@@ -92,7 +83,6 @@ pub struct Balloon {
     /// The reporting queue's index, when offered.
     reporting: Option<usize>,
     host_page_size: u64,
-    active: Option<Active>,
     metrics: Arc<BalloonMetrics>,
 }
 
@@ -159,15 +149,11 @@ impl Balloon {
             queues += 1;
         }
         Ok(Balloon {
-            avail_features,
-            acked_features: 0,
+            common: VirtioCommon::new(avail_features, &vec![QUEUE_SIZE; queues])?,
             target_pages: config.amount_mib.saturating_mul(PAGES_PER_MIB),
             actual_pages: 0,
             config_generation: 0,
             stats_interval_s: config.stats_polling_interval_s,
-            queue_events: (0..queues)
-                .map(|_| EventFd::new(libc::EFD_NONBLOCK))
-                .collect::<std::io::Result<_>>()?,
             stats_timer: TimerFd::new().map_err(std::io::Error::from)?,
             stats_head: None,
             stats: BalloonStats::default(),
@@ -175,7 +161,6 @@ impl Balloon {
             hints: HintingState::default(),
             reporting,
             host_page_size: config.host_page_size,
-            active: None,
             metrics: config.metrics.clone(),
         })
     }
@@ -184,7 +169,7 @@ impl Balloon {
     pub fn set_target_mib(&mut self, amount_mib: u32) {
         self.target_pages = amount_mib.saturating_mul(PAGES_PER_MIB);
         self.config_generation = self.config_generation.wrapping_add(1);
-        if let Some(active) = &self.active {
+        if let Some(active) = &self.common.active {
             let _ = active.irq.trigger(InterruptKind::Config);
         }
     }
@@ -212,7 +197,7 @@ impl Balloon {
 
     fn hinting_ready(&self) -> Result<(), HintingError> {
         self.hinting.ok_or(HintingError::NotEnabled)?;
-        match self.active {
+        match self.common.active {
             Some(_) => Ok(()),
             None => Err(HintingError::NoDriver),
         }
@@ -222,7 +207,7 @@ impl Balloon {
     fn set_hint_cmd(&mut self, cmd: u32) {
         self.hints.host_cmd = cmd;
         self.config_generation = self.config_generation.wrapping_add(1);
-        if let Some(active) = &self.active {
+        if let Some(active) = &self.common.active {
             let _ = active.irq.trigger(InterruptKind::Config);
         }
     }
@@ -270,7 +255,7 @@ impl Balloon {
     /// Serves the inflate or deflate queue: each page number in an inflate chain is given
     /// back to the host; true if any chain.
     pub fn process_pfns(&mut self, queue: usize) -> bool {
-        let Some(mut active) = self.active.take() else {
+        let Some(mut active) = self.common.active.take() else {
             return false;
         };
         let mut used_any = false;
@@ -319,9 +304,9 @@ impl Balloon {
             used_any = true;
         }
         if used_any {
-            let _ = active.irq.trigger(InterruptKind::Queue);
+            active.notify();
         }
-        self.active = Some(active);
+        self.common.active = Some(active);
         used_any
     }
 
@@ -334,7 +319,7 @@ impl Balloon {
 
     /// Serves the hinting queue; writes DONE when a run that acknowledges its end ends.
     pub fn process_hints(&mut self) -> bool {
-        let (Some(queue), Some(mut active)) = (self.hinting, self.active.take()) else {
+        let (Some(queue), Some(mut active)) = (self.hinting, self.common.active.take()) else {
             return false;
         };
         let (used, done) = self.hints.process(
@@ -344,9 +329,9 @@ impl Balloon {
             self.host_page_size,
         );
         if used {
-            let _ = active.irq.trigger(InterruptKind::Queue);
+            active.notify();
         }
-        self.active = Some(active);
+        self.common.active = Some(active);
         if done {
             self.set_hint_cmd(hinting::CMD_DONE);
         }
@@ -356,7 +341,7 @@ impl Balloon {
     /// Serves the reporting queue: every device-writable buffer names a free guest range
     /// (page-aligned, in guest RAM), which goes back to the host; each chain is returned.
     pub fn process_reports(&mut self) -> bool {
-        let (Some(queue), Some(mut active)) = (self.reporting, self.active.take()) else {
+        let (Some(queue), Some(mut active)) = (self.reporting, self.common.active.take()) else {
             return false;
         };
         let mut used_any = false;
@@ -386,15 +371,15 @@ impl Balloon {
             used_any = true;
         }
         if used_any {
-            let _ = active.irq.trigger(InterruptKind::Queue);
+            active.notify();
         }
-        self.active = Some(active);
+        self.common.active = Some(active);
         used_any
     }
 
     /// The driver (re)posted its statistics buffer: read it, keep it until the next tick.
     pub fn process_stats(&mut self) {
-        let Some(mut active) = self.active.take() else {
+        let Some(mut active) = self.common.active.take() else {
             return;
         };
         while let Some(chain) = active.queues[STATS].pop_descriptor_chain(&active.mem) {
@@ -412,7 +397,7 @@ impl Balloon {
                 false => self.metrics.stats_update_fails.inc(),
             }
         }
-        self.active = Some(active);
+        self.common.active = Some(active);
         if !self.stats_timer.is_armed().unwrap_or(true) {
             self.arm_stats_timer();
         }
@@ -428,33 +413,25 @@ impl Balloon {
     /// A tick: give the statistics buffer back, so the driver refills it.
     fn request_stats(&mut self) {
         self.arm_stats_timer();
-        let (Some(active), Some(head)) = (&mut self.active, self.stats_head.take()) else {
+        let (Some(active), Some(head)) = (&mut self.common.active, self.stats_head.take()) else {
             return;
         };
         let _ = active.queues[STATS].add_used(&active.mem, head, 0);
-        let _ = active.irq.trigger(InterruptKind::Queue);
+        active.notify();
     }
 }
 
 impl VirtioDevice for Balloon {
+    fn common(&self) -> &VirtioCommon {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
+    }
+
     fn device_type(&self) -> u32 {
         VIRTIO_ID_BALLOON
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE; 5][..self.queue_events.len()]
-    }
-
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_events
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features;
     }
 
     /// `num_pages`, `actual` and `free_page_hint_cmd_id`, little-endian u32s.
@@ -484,24 +461,6 @@ impl VirtioDevice for Balloon {
         self.actual_pages = u32::from_le_bytes(actual);
     }
 
-    fn activate(
-        &mut self,
-        mem: GuestMemory,
-        queues: Vec<Queue>,
-        irq: Arc<IrqTrigger>,
-    ) -> Result<(), ActivateError> {
-        let expected = self.queue_events.len();
-        let queues = checked_queues(&mem, queues, expected, &self.metrics.activate_fails)?;
-        self.active = Some(Active { mem, queues, irq });
-        // Work queued before the ioeventfds were armed is done on the VMM thread (this runs on
-        // a vCPU thread).
-        // (The statistics timer is armed there too, when the driver's first buffer arrives.)
-        for evt in &self.queue_events {
-            let _ = evt.write(1);
-        }
-        Ok(())
-    }
-
     /// A run in progress at the snapshot is ended (DONE), and the driver is told, so that it
     /// frees what it held for the run, as Firecracker does at restore.
     fn restored(&mut self) {
@@ -511,22 +470,21 @@ impl VirtioDevice for Balloon {
     }
 
     /// (On a vCPU thread: the statistics timer is left to fire once more and find no driver.)
-    fn reset(&mut self) {
-        self.active = None;
-        self.acked_features = 0;
+    fn reset_device(&mut self) {
         self.stats_head = None;
         // A driver that starts again finds no run: it held nothing for one any more.
         self.hints.host_cmd = hinting::CMD_STOP;
         self.hints.guest_cmd = None;
     }
 
+    fn activate_fails(&self) -> Option<&telemetry::Counter> {
+        Some(&self.metrics.activate_fails)
+    }
+
     /// The statistics buffer the device holds was the last one taken: it is counted as not
     /// taken, so the restored balloon takes it again and statistics go on.
     fn queue_states(&self) -> Vec<QueueState> {
-        let Some(active) = &self.active else {
-            return Vec::new();
-        };
-        let mut states: Vec<QueueState> = active.queues.iter().map(Queue::state).collect();
+        let mut states = self.common.queue_states();
         if let (Some(_), Some(stats)) = (self.stats_head, states.get_mut(STATS)) {
             stats.next_avail = stats.next_avail.wrapping_sub(1);
         }
@@ -537,7 +495,8 @@ impl VirtioDevice for Balloon {
 impl MutEventSubscriber for Balloon {
     fn init(&mut self, ops: &mut EventOps) {
         let fds = self
-            .queue_events
+            .common
+            .queue_events()
             .iter()
             .map(|e| Events::new(e, EventSet::IN))
             .chain(std::iter::once(Events::new(
@@ -557,15 +516,20 @@ impl MutEventSubscriber for Balloon {
         let fd = events.fd();
         if fd == self.stats_timer.as_raw_fd() {
             let _ = self.stats_timer.wait();
-            if self.active.is_some() {
+            if self.common.is_active() {
                 self.request_stats();
             }
             return;
         }
-        let Some(queue) = self.queue_events.iter().position(|e| e.as_raw_fd() == fd) else {
+        let Some(queue) = self
+            .common
+            .queue_events()
+            .iter()
+            .position(|e| e.as_raw_fd() == fd)
+        else {
             return;
         };
-        let _ = self.queue_events[queue].read();
+        let _ = self.common.queue_event(queue).read();
         match queue {
             INFLATE | DEFLATE => {
                 self.process_pfns(queue);

@@ -17,16 +17,15 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
-use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::EventFd;
 
 use super::io_uring::{Completion, Op, Ring};
 use super::request::{Request, RequestType, SECTOR_SIZE};
 use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
-use crate::virtio::device::{checked_queues, read_config_bytes};
-use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
+use crate::virtio::device::read_config_bytes;
+use crate::virtio::{GuestMemory, InterruptKind, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 /// Data buffers per request the driver may use (VIRTIO_BLK_F_SEG_MAX). Without it Linux
@@ -34,8 +33,9 @@ pub const QUEUE_SIZE: u16 = 256;
 /// each a round trip through the queue; half the ring leaves room for a second request.
 const SEG_MAX: u32 = (QUEUE_SIZE as u32) / 2 - 2;
 
-/// Firecracker's `cache_type`: whether a guest flush reaches the host disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Firecracker's `cache_type`: whether a guest flush reaches the host disk (the API's and
+/// the snapshot's type as well).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 pub enum CacheType {
     /// Flushes are acknowledged without syncing the host file (Firecracker's default).
     #[default]
@@ -45,7 +45,7 @@ pub enum CacheType {
 }
 
 /// Firecracker's `io_engine`: where reads, writes and flushes are done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 pub enum IoEngine {
     /// On the VMM thread, one request after another.
     #[default]
@@ -99,12 +99,6 @@ struct Pending {
     generation: u64,
 }
 
-struct Active {
-    mem: GuestMemory,
-    queue: Queue,
-    irq: Arc<IrqTrigger>,
-}
-
 pub struct Block {
     id: String,
     disk: File,
@@ -113,12 +107,9 @@ pub struct Block {
     capacity: u64,
     read_only: bool,
     cache: CacheType,
-    avail_features: u64,
-    acked_features: u64,
+    common: VirtioCommon,
     config_space: Vec<u8>,
     config_generation: u32,
-    queue_events: [EventFd; 1],
-    active: Option<Active>,
     limiter: RateLimiter,
     metrics: Arc<BlockMetrics>,
     /// The Async engine's ring; None for Sync.
@@ -197,12 +188,9 @@ impl Block {
             capacity,
             read_only: config.read_only,
             cache: config.cache,
-            avail_features,
-            acked_features: 0,
+            common: VirtioCommon::new(avail_features, &[QUEUE_SIZE]).map_err(Error::EventFd)?,
             config_space: config_space(capacity),
             config_generation: 0,
-            queue_events: [EventFd::new(libc::EFD_NONBLOCK).map_err(Error::EventFd)?],
-            active: None,
             limiter: RateLimiter::new(config.limiter).map_err(Error::EventFd)?,
             metrics: config.metrics.clone(),
             ring: match config.engine {
@@ -231,7 +219,7 @@ impl Block {
         self.capacity = capacity;
         self.config_space = config_space(capacity);
         self.config_generation = self.config_generation.wrapping_add(1);
-        if let Some(active) = &self.active {
+        if let Some(active) = &self.common.active {
             let _ = active.irq.trigger(InterruptKind::Config);
         }
     }
@@ -284,12 +272,12 @@ impl Block {
     /// Serves every request the guest has made available (with the Async engine: starts
     /// them, as many as the ring takes); true if any was completed now.
     pub fn process_queue(&mut self) -> bool {
-        let Some(mut active) = self.active.take() else {
+        let Some(mut active) = self.common.active.take() else {
             return false;
         };
         let mut used_any = false;
         while !self.ring.as_ref().is_some_and(Ring::is_full) {
-            let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) else {
+            let Some(chain) = active.queues[0].pop_descriptor_chain(&active.mem) else {
                 break;
             };
             let head = chain.head_index();
@@ -301,7 +289,7 @@ impl Block {
                     };
                     if !self.limiter.consume(bytes, 1) {
                         // Back into the ring: served, once, when the limiter's timer fires.
-                        active.queue.go_to_previous_position();
+                        active.queues[0].go_to_previous_position();
                         self.metrics.rate_limiter_throttled_events.inc();
                         break;
                     }
@@ -316,15 +304,18 @@ impl Block {
                     0
                 }
             };
-            if active.queue.add_used(&active.mem, head, used_len).is_err() {
+            if active.queues[0]
+                .add_used(&active.mem, head, used_len)
+                .is_err()
+            {
                 log::debug!("block {}: used ring update failed", self.id);
             }
             used_any = true;
         }
         if used_any {
-            let _ = active.irq.trigger(InterruptKind::Queue);
+            active.notify();
         }
-        self.active = Some(active);
+        self.common.active = Some(active);
         if let Some(ring) = &mut self.ring {
             if let Err(e) = ring.submit() {
                 log::error!("block {}: cannot submit to io_uring: {e}", self.id);
@@ -390,7 +381,7 @@ impl Block {
     }
 
     fn complete(&mut self, done: Vec<Completion<Pending>>) {
-        let Some(active) = &mut self.active else {
+        let Some(active) = &mut self.common.active else {
             return;
         };
         if done.is_empty() {
@@ -418,15 +409,14 @@ impl Block {
                 (VIRTIO_BLK_S_OK, Ok(())) => p.used_len.saturating_add(1),
                 _ => 1,
             };
-            if active
-                .queue
+            if active.queues[0]
                 .add_used(&active.mem, p.head, used_len)
                 .is_err()
             {
                 log::debug!("block {}: used ring update failed", self.id);
             }
         }
-        let _ = active.irq.trigger(InterruptKind::Queue);
+        active.notify();
     }
 
     /// Waits for every Async request in flight and answers them: before a snapshot saves
@@ -528,24 +518,16 @@ impl Block {
 }
 
 impl VirtioDevice for Block {
+    fn common(&self) -> &VirtioCommon {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
+    }
+
     fn device_type(&self) -> u32 {
         VIRTIO_ID_BLOCK
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE]
-    }
-
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_events
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features;
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -556,38 +538,21 @@ impl VirtioDevice for Block {
         self.config_generation
     }
 
-    fn activate(
-        &mut self,
-        mem: GuestMemory,
-        queues: Vec<Queue>,
-        irq: Arc<IrqTrigger>,
-    ) -> Result<(), ActivateError> {
-        let mut queues = checked_queues(&mem, queues, 1, &self.metrics.activate_fails)?;
-        let queue = queues.remove(0);
-        self.active = Some(Active { mem, queue, irq });
-        // Requests made before the ioeventfd was armed are served by the VMM thread: this
-        // runs on a vCPU thread, whose seccomp filter allows no disk I/O.
-        let _ = self.queue_events[0].write(1);
-        Ok(())
+    fn activate_fails(&self) -> Option<&telemetry::Counter> {
+        Some(&self.metrics.activate_fails)
     }
 
-    fn reset(&mut self) {
-        // This runs on a vCPU thread, which may not wait on the ring: Async requests still
-        // in flight finish later (their buffers stay mapped) and are not answered.
+    /// (On a vCPU thread, which may not wait on the ring: Async requests still in flight
+    /// finish later, their buffers still mapped, and are not answered.)
+    fn reset_device(&mut self) {
         self.generation += 1;
-        self.active = None;
-        self.acked_features = 0;
-    }
-
-    fn queue_states(&self) -> Vec<QueueState> {
-        self.active.iter().map(|a| a.queue.state()).collect()
     }
 }
 
 impl MutEventSubscriber for Block {
     fn init(&mut self, ops: &mut EventOps) {
         let mut watched = vec![
-            Events::new(&self.queue_events[0], EventSet::IN),
+            Events::new(self.common.queue_event(0), EventSet::IN),
             Events::new(&self.limiter, EventSet::IN),
         ];
         if let Some(ring) = &self.ring {
@@ -602,8 +567,8 @@ impl MutEventSubscriber for Block {
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
-        if events.fd() == self.queue_events[0].as_raw_fd() {
-            let _ = self.queue_events[0].read();
+        if events.fd() == self.common.queue_event(0).as_raw_fd() {
+            let _ = self.common.queue_event(0).read();
             self.metrics.queue_event_count.inc();
             // A throttled queue is served when the limiter's timer fires, not before.
             if !self.limiter.is_blocked() {

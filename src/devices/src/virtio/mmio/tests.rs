@@ -4,57 +4,37 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use virtio_queue::Queue;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
-use crate::virtio::ActivateError;
+use crate::virtio::VirtioCommon;
 
 struct Dummy {
-    events: Vec<EventFd>,
-    acked: u64,
+    common: VirtioCommon,
     activations: Arc<AtomicU32>,
     resets: u32,
-    queues: Vec<virtio_queue::QueueState>,
     restored: u32,
 }
 
 impl VirtioDevice for Dummy {
+    fn common(&self) -> &VirtioCommon {
+        &self.common
+    }
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
+    }
     fn device_type(&self) -> u32 {
         42
-    }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[16, 8]
-    }
-    fn queue_events(&self) -> &[EventFd] {
-        &self.events
-    }
-    fn avail_features(&self) -> u64 {
-        (1 << VIRTIO_F_VERSION_1) | 0b101
-    }
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked = features;
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         crate::virtio::device::read_config_bytes(&[1, 2, 3, 4, 5, 6, 7, 8], offset, data);
     }
-    fn activate(
-        &mut self,
-        _: GuestMemory,
-        queues: Vec<Queue>,
-        _: Arc<IrqTrigger>,
-    ) -> Result<(), ActivateError> {
-        assert_eq!(queues.len(), 2);
-        self.queues = queues.iter().map(Queue::state).collect();
+    fn activated(&mut self) {
         self.activations.fetch_add(1, Ordering::SeqCst);
-        Ok(())
     }
-    fn reset(&mut self) {
+    fn reset_device(&mut self) {
         self.resets += 1;
-    }
-    fn queue_states(&self) -> Vec<virtio_queue::QueueState> {
-        self.queues.clone()
     }
     fn restored(&mut self) {
         self.restored += 1;
@@ -69,15 +49,10 @@ struct Fixture {
 
 fn fixture() -> Fixture {
     let activations = Arc::new(AtomicU32::new(0));
-    let events = (0..2)
-        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
-        .collect();
     let device = Arc::new(Mutex::new(Dummy {
-        events,
-        acked: 0,
+        common: VirtioCommon::new((1 << VIRTIO_F_VERSION_1) | 0b101, &[16, 8]).unwrap(),
         activations: activations.clone(),
         resets: 0,
-        queues: Vec::new(),
         restored: 0,
     }));
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
@@ -149,7 +124,10 @@ fn the_full_handshake_activates_the_device_once() {
     let mut f = fixture();
     negotiate(&mut f.transport, 1, 0b100);
     assert_eq!(f.transport.status(), ACK | DRIVER | FEATURES_OK);
-    assert_eq!(f.device.lock().unwrap().acked, (1 << 32) | 0b100);
+    assert_eq!(
+        f.device.lock().unwrap().common.acked_features(),
+        (1 << 32) | 0b100
+    );
     setup_queues(&mut f.transport);
     wr(
         &mut f.transport,
@@ -163,7 +141,16 @@ fn the_full_handshake_activates_the_device_once() {
     wr(&mut f.transport, REG_QUEUE_READY, 0);
     // A notify arriving as an MMIO write reaches the queue's eventfd.
     wr(&mut f.transport, REG_QUEUE_NOTIFY, 1);
-    assert_eq!(f.device.lock().unwrap().events[1].read().unwrap(), 1);
+    assert_eq!(
+        f.device
+            .lock()
+            .unwrap()
+            .common
+            .queue_event(1)
+            .read()
+            .unwrap(),
+        1
+    );
     wr(&mut f.transport, REG_QUEUE_NOTIFY, 1000);
     // Reset returns everything to the start.
     wr(&mut f.transport, REG_STATUS, 0);

@@ -18,16 +18,15 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU,
 };
-use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, VNET_HDR_LEN};
 use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
 use crate::virtio::device::read_config_bytes;
-use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
+use crate::virtio::{GuestMemory, InterruptKind, IrqTrigger, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 const RX: usize = 0;
@@ -67,13 +66,6 @@ pub enum Error {
     Fd(#[source] std::io::Error),
 }
 
-struct Active {
-    mem: GuestMemory,
-    rx: Queue,
-    tx: Queue,
-    irq: Arc<IrqTrigger>,
-}
-
 /// The MMDS on this interface: its stack, and the timer for the stack's retransmissions
 /// and timeouts, re-armed only after something touched the stack.
 struct MmdsEndpoint {
@@ -85,11 +77,8 @@ struct MmdsEndpoint {
 pub struct Net {
     id: String,
     tap: Tap,
-    avail_features: u64,
-    acked_features: u64,
+    common: VirtioCommon,
     config_space: Vec<u8>,
-    queue_events: [EventFd; 2],
-    active: Option<Active>,
     mmds: Option<MmdsEndpoint>,
     /// One frame on its way to the guest (bytes `..rx_len`), waiting for an RX buffer.
     rx_frame: Vec<u8>,
@@ -129,15 +118,12 @@ impl Net {
             avail_features |= 1 << VIRTIO_NET_F_MTU;
             config_space[10..12].copy_from_slice(&mtu.to_le_bytes());
         }
-        let eventfd = || EventFd::new(libc::EFD_NONBLOCK).map_err(Error::Fd);
         Ok(Net {
             id: config.id.clone(),
             tap,
-            avail_features,
-            acked_features: 0,
+            common: VirtioCommon::new(avail_features, &[QUEUE_SIZE, QUEUE_SIZE])
+                .map_err(Error::Fd)?,
             config_space,
-            queue_events: [eventfd()?, eventfd()?],
-            active: None,
             mmds: match &config.mmds {
                 Some(link) => Some(MmdsEndpoint {
                     stack: MmdsStack::new(link.ip, link.store.clone()),
@@ -187,19 +173,15 @@ impl Net {
         (self.rx_limiter.spec(), self.tx_limiter.spec())
     }
 
-    fn acked(&self, bit: u32) -> bool {
-        self.acked_features & (1 << bit) != 0
-    }
-
     /// The offloads the TAP may hand us: those the guest said it can take.
     fn tap_offload(&self) -> u32 {
         let mut flags = 0;
-        if self.acked(VIRTIO_NET_F_GUEST_CSUM) {
+        if self.common.acked(VIRTIO_NET_F_GUEST_CSUM) {
             flags |= TUN_F_CSUM;
-            if self.acked(VIRTIO_NET_F_GUEST_TSO4) {
+            if self.common.acked(VIRTIO_NET_F_GUEST_TSO4) {
                 flags |= TUN_F_TSO4;
             }
-            if self.acked(VIRTIO_NET_F_GUEST_TSO6) {
+            if self.common.acked(VIRTIO_NET_F_GUEST_TSO6) {
                 flags |= TUN_F_TSO6;
             }
         }
@@ -208,7 +190,7 @@ impl Net {
 
     /// Fills RX buffers from the waiting frame, the MMDS, then the TAP; true if any was used.
     pub fn process_rx(&mut self) -> bool {
-        let Some(mut active) = self.active.take() else {
+        let Some(mut active) = self.common.active.take() else {
             return false;
         };
         let mut used_any = false;
@@ -216,7 +198,7 @@ impl Net {
             if self.rx_len == 0 && !self.next_rx_frame() {
                 break;
             }
-            let Some(chain) = active.rx.pop_descriptor_chain(&active.mem) else {
+            let Some(chain) = active.queues[RX].pop_descriptor_chain(&active.mem) else {
                 // No buffers: the frame waits, and so does the TAP, until the guest adds some.
                 self.metrics.no_rx_avail_buffer.inc();
                 break;
@@ -224,7 +206,7 @@ impl Net {
             let frame_len = (self.rx_len - VNET_HDR_LEN) as u64;
             if !self.rx_limiter.consume(frame_len, 1) {
                 // The frame waits for the limiter's timer, its buffer in the guest's ring.
-                active.rx.go_to_previous_position();
+                active.queues[RX].go_to_previous_position();
                 self.metrics.rx_rate_limiter_throttled.inc();
                 break;
             }
@@ -263,16 +245,16 @@ impl Net {
                     0
                 }
             };
-            if active.rx.add_used(&active.mem, head, used).is_err() {
+            if active.queues[RX].add_used(&active.mem, head, used).is_err() {
                 log::debug!("net {}: RX used ring update failed", self.id);
             }
             used_any = true;
             self.rx_len = 0;
         }
         if used_any {
-            notify(&mut active.rx, &active.mem, &active.irq);
+            notify(&mut active.queues[RX], &active.mem, &active.irq);
         }
-        self.active = Some(active);
+        self.common.active = Some(active);
         self.arm_mmds_timer();
         used_any
     }
@@ -313,7 +295,7 @@ impl Net {
 
     /// Sends every frame the guest queued: to the MMDS if it is for it, else to the TAP.
     pub fn process_tx(&mut self) -> bool {
-        let Some(mut active) = self.active.take() else {
+        let Some(mut active) = self.common.active.take() else {
             return false;
         };
         if self.tx_frame.len() < MAX_FRAME {
@@ -321,7 +303,7 @@ impl Net {
         }
         let mut used_any = false;
         let mut to_mmds = false;
-        while let Some(chain) = active.tx.pop_descriptor_chain(&active.mem) {
+        while let Some(chain) = active.queues[TX].pop_descriptor_chain(&active.mem) {
             let head = chain.head_index();
             let mut len = 0usize;
             let mut ok = true;
@@ -345,14 +327,14 @@ impl Net {
                 let frame_len = (len - VNET_HDR_LEN) as u64;
                 if !self.tx_limiter.consume(frame_len, 1) {
                     // Back into the ring: read again and sent when the limiter's timer fires.
-                    active.tx.go_to_previous_position();
+                    active.queues[TX].go_to_previous_position();
                     self.metrics.tx_rate_limiter_throttled.inc();
                     break;
                 }
                 self.metrics.tx_packets_count.inc();
                 self.metrics.tx_bytes_count.add(frame_len);
             }
-            if active.tx.add_used(&active.mem, head, 0).is_err() {
+            if active.queues[TX].add_used(&active.mem, head, 0).is_err() {
                 log::debug!("net {}: TX used ring update failed", self.id);
             }
             used_any = true;
@@ -375,9 +357,9 @@ impl Net {
             }
         }
         if used_any {
-            notify(&mut active.tx, &active.mem, &active.irq);
+            notify(&mut active.queues[TX], &active.mem, &active.irq);
         }
-        self.active = Some(active);
+        self.common.active = Some(active);
         if to_mmds {
             self.process_rx();
         }
@@ -434,87 +416,54 @@ fn notify(queue: &mut Queue, mem: &GuestMemory, irq: &IrqTrigger) {
 }
 
 impl VirtioDevice for Net {
+    fn common(&self) -> &VirtioCommon {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
+    }
+
     fn device_type(&self) -> u32 {
         VIRTIO_ID_NET
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE, QUEUE_SIZE]
-    }
-
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_events
-    }
-
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features;
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config_space, offset, data);
     }
 
-    fn activate(
-        &mut self,
-        mem: GuestMemory,
-        queues: Vec<Queue>,
-        irq: Arc<IrqTrigger>,
-    ) -> Result<(), ActivateError> {
-        let found = queues.len();
-        let mut queues = queues.into_iter();
-        let (Some(rx), Some(tx), None) = (queues.next(), queues.next(), queues.next()) else {
-            return Err(ActivateError::QueueCount { expected: 2, found });
-        };
-        for (i, q) in [&rx, &tx].into_iter().enumerate() {
-            if !q.is_valid(&mem) {
-                self.metrics.activate_fails.inc();
-                return Err(ActivateError::InvalidQueue(i));
-            }
-        }
+    fn activate_fails(&self) -> Option<&telemetry::Counter> {
+        Some(&self.metrics.activate_fails)
+    }
+
+    /// The TAP hands over what the driver can take, and the frames the driver queued
+    /// before the ioeventfds were armed move on the VMM thread.
+    fn activated(&mut self) {
         log::info!(
             "net {}: the driver took features {:#x}; TAP offloads {:#x}",
             self.id,
-            self.acked_features,
+            self.common.acked_features(),
             self.tap_offload()
         );
         if let Err(e) = self.tap.set_offload(self.tap_offload()) {
             log::warn!("net {}: the TAP refused offloads: {e}", self.id);
             let _ = self.tap.set_offload(0);
         }
-        self.active = Some(Active { mem, rx, tx, irq });
-        // Frames the driver queued before the ioeventfds were armed move on the VMM thread:
-        // this runs on a vCPU thread, whose seccomp filter allows no TAP I/O.
-        for evt in &self.queue_events {
-            let _ = evt.write(1);
-        }
-        Ok(())
+        self.common.kick([RX, TX]);
     }
 
-    fn reset(&mut self) {
-        self.active = None;
-        self.acked_features = 0;
+    /// A frame read from the TAP but not yet delivered is dropped with the queues (and not
+    /// kept in a snapshot): the network may drop a frame, and its sender sends it again.
+    fn reset_device(&mut self) {
         self.rx_len = 0;
-    }
-
-    /// A frame read from the TAP but not yet delivered is not kept: the network may drop
-    /// a frame, and its sender's protocol sends it again.
-    fn queue_states(&self) -> Vec<QueueState> {
-        self.active
-            .iter()
-            .flat_map(|a| [a.rx.state(), a.tx.state()])
-            .collect()
     }
 }
 
 impl MutEventSubscriber for Net {
     fn init(&mut self, ops: &mut EventOps) {
         let mut watch = vec![
-            Events::new(&self.queue_events[RX], EventSet::IN),
-            Events::new(&self.queue_events[TX], EventSet::IN),
+            Events::new(self.common.queue_event(RX), EventSet::IN),
+            Events::new(self.common.queue_event(TX), EventSet::IN),
             Events::new(&self.tap, EventSet::IN | EventSet::EDGE_TRIGGERED),
             Events::new(&self.rx_limiter, EventSet::IN),
             Events::new(&self.tx_limiter, EventSet::IN),
@@ -533,14 +482,14 @@ impl MutEventSubscriber for Net {
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         let fd = events.fd();
         // A throttled direction moves when its limiter's timer fires, not before.
-        if fd == self.queue_events[RX].as_raw_fd() {
-            let _ = self.queue_events[RX].read();
+        if fd == self.common.queue_event(RX).as_raw_fd() {
+            let _ = self.common.queue_event(RX).read();
             self.metrics.rx_queue_event_count.inc();
             if !self.rx_limiter.is_blocked() {
                 self.process_rx();
             }
-        } else if fd == self.queue_events[TX].as_raw_fd() {
-            let _ = self.queue_events[TX].read();
+        } else if fd == self.common.queue_event(TX).as_raw_fd() {
+            let _ = self.common.queue_event(TX).read();
             self.metrics.tx_queue_event_count.inc();
             if !self.tx_limiter.is_blocked() {
                 self.process_tx();

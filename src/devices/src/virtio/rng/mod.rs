@@ -9,14 +9,12 @@ use event_manager::{EventOps, Events, MutEventSubscriber};
 use telemetry::EntropyMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
-use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory as _, Permissions};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::rate_limiter::{LimiterSpec, RateLimiter};
-use crate::virtio::device::checked_queues;
-use crate::virtio::{ActivateError, GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
+use crate::virtio::{GuestMemory, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 /// The most a request is given; a larger buffer gets this much (the used length says so).
@@ -29,16 +27,8 @@ pub struct EntropyConfig {
     pub metrics: Arc<EntropyMetrics>,
 }
 
-struct Active {
-    mem: GuestMemory,
-    queue: Queue,
-    irq: Arc<IrqTrigger>,
-}
-
 pub struct Entropy {
-    acked_features: u64,
-    queue_events: [EventFd; 1],
-    active: Option<Active>,
+    common: VirtioCommon,
     limiter: RateLimiter,
     metrics: Arc<EntropyMetrics>,
     /// Reused for each request's random bytes.
@@ -48,7 +38,7 @@ pub struct Entropy {
 impl std::fmt::Debug for Entropy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Entropy")
-            .field("active", &self.active.is_some())
+            .field("active", &self.common.is_active())
             .finish()
     }
 }
@@ -83,9 +73,7 @@ fn buffers(
 impl Entropy {
     pub fn new(config: &EntropyConfig) -> std::io::Result<Self> {
         Ok(Entropy {
-            acked_features: 0,
-            queue_events: [EventFd::new(libc::EFD_NONBLOCK)?],
-            active: None,
+            common: VirtioCommon::new(1 << VIRTIO_F_VERSION_1, &[QUEUE_SIZE])?,
             limiter: RateLimiter::new(config.limiter)?,
             metrics: config.metrics.clone(),
             buf: Vec::new(),
@@ -94,18 +82,18 @@ impl Entropy {
 
     /// Fills every request the guest has made available; true if any was completed.
     pub fn process_queue(&mut self) -> bool {
-        let Some(mut active) = self.active.take() else {
+        let Some(mut active) = self.common.active.take() else {
             return false;
         };
         let mut used_any = false;
-        while let Some(chain) = active.queue.pop_descriptor_chain(&active.mem) {
+        while let Some(chain) = active.queues[0].pop_descriptor_chain(&active.mem) {
             let head = chain.head_index();
             let used_len = match buffers(&active.mem, chain) {
                 Ok(bufs) => {
                     let bytes: u64 = bufs.iter().map(|&(_, len)| u64::from(len)).sum();
                     if !self.limiter.consume(bytes, 1) {
                         // Back into the ring: filled, once, when the limiter's timer fires.
-                        active.queue.go_to_previous_position();
+                        active.queues[0].go_to_previous_position();
                         self.metrics.entropy_rate_limiter_throttled.inc();
                         break;
                     }
@@ -117,15 +105,18 @@ impl Entropy {
                     0
                 }
             };
-            if active.queue.add_used(&active.mem, head, used_len).is_err() {
+            if active.queues[0]
+                .add_used(&active.mem, head, used_len)
+                .is_err()
+            {
                 log::debug!("entropy: used ring update failed");
             }
             used_any = true;
         }
         if used_any {
-            let _ = active.irq.trigger(InterruptKind::Queue);
+            active.notify();
         }
-        self.active = Some(active);
+        self.common.active = Some(active);
         used_any
     }
 
@@ -161,24 +152,16 @@ impl Entropy {
 }
 
 impl VirtioDevice for Entropy {
+    fn common(&self) -> &VirtioCommon {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
+    }
+
     fn device_type(&self) -> u32 {
         VIRTIO_ID_RNG
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE]
-    }
-
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_events
-    }
-
-    fn avail_features(&self) -> u64 {
-        1 << VIRTIO_F_VERSION_1
-    }
-
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features();
     }
 
     /// virtio-rng has no configuration space.
@@ -186,35 +169,15 @@ impl VirtioDevice for Entropy {
         data.fill(0);
     }
 
-    fn activate(
-        &mut self,
-        mem: GuestMemory,
-        queues: Vec<Queue>,
-        irq: Arc<IrqTrigger>,
-    ) -> Result<(), ActivateError> {
-        let mut queues = checked_queues(&mem, queues, 1, &self.metrics.activate_fails)?;
-        let queue = queues.remove(0);
-        self.active = Some(Active { mem, queue, irq });
-        // Requests posted before the ioeventfd was armed are filled on the VMM thread (this
-        // runs on a vCPU thread).
-        let _ = self.queue_events[0].write(1);
-        Ok(())
-    }
-
-    fn reset(&mut self) {
-        self.active = None;
-        self.acked_features = 0;
-    }
-
-    fn queue_states(&self) -> Vec<QueueState> {
-        self.active.iter().map(|a| a.queue.state()).collect()
+    fn activate_fails(&self) -> Option<&telemetry::Counter> {
+        Some(&self.metrics.activate_fails)
     }
 }
 
 impl MutEventSubscriber for Entropy {
     fn init(&mut self, ops: &mut EventOps) {
         for events in [
-            Events::new(&self.queue_events[0], EventSet::IN),
+            Events::new(self.common.queue_event(0), EventSet::IN),
             Events::new(&self.limiter, EventSet::IN),
         ] {
             if let Err(e) = ops.add(events) {
@@ -225,8 +188,8 @@ impl MutEventSubscriber for Entropy {
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
-        if events.fd() == self.queue_events[0].as_raw_fd() {
-            let _ = self.queue_events[0].read();
+        if events.fd() == self.common.queue_event(0).as_raw_fd() {
+            let _ = self.common.queue_event(0).read();
             self.metrics.entropy_event_count.inc();
             if !self.limiter.is_blocked() {
                 self.process_queue();

@@ -30,16 +30,15 @@ use std::time::{Duration, Instant};
 use event_manager::{EventOps, Events, MutEventSubscriber};
 use telemetry::VsockMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-use virtio_queue::{Queue, QueueState, QueueT};
+use virtio_queue::QueueT;
 use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use self::conn::{owe, Conn, State};
 use self::packet::*;
-use crate::virtio::device::{checked_queues, read_config_bytes};
-use crate::virtio::{ActivateError, GuestMemory, IrqTrigger, VirtioDevice};
+use crate::virtio::device::read_config_bytes;
+use crate::virtio::{VirtioCommon, VirtioDevice};
 
 pub use self::conn::BUF_ALLOC;
 
@@ -75,21 +74,13 @@ pub struct VsockConfig {
     pub metrics: Arc<VsockMetrics>,
 }
 
-struct Active {
-    mem: GuestMemory,
-    queues: Vec<Queue>,
-    irq: Arc<IrqTrigger>,
-}
-
 pub struct Vsock {
     cid: u64,
     uds_path: PathBuf,
     listener: UnixListener,
-    acked_features: u64,
-    queue_events: [EventFd; 3],
+    common: VirtioCommon,
     timer: TimerFd,
     armed: Option<Instant>,
-    active: Option<Active>,
     conns: HashMap<u32, Conn>,
     /// (host port, guest port) to connection.
     ports: HashMap<(u32, u32), u32>,
@@ -123,16 +114,13 @@ impl std::fmt::Debug for Vsock {
 impl Vsock {
     pub fn new(config: VsockConfig) -> std::io::Result<Self> {
         config.listener.set_nonblocking(true)?;
-        let event = || EventFd::new(libc::EFD_NONBLOCK);
         Ok(Vsock {
             cid: config.guest_cid,
             uds_path: config.uds_path,
             listener: config.listener,
-            acked_features: 0,
-            queue_events: [event()?, event()?, event()?],
+            common: VirtioCommon::new(1 << VIRTIO_F_VERSION_1, &[QUEUE_SIZE; 3])?,
             timer: TimerFd::new()?,
             armed: None,
-            active: None,
             conns: HashMap::new(),
             ports: HashMap::new(),
             queue: VecDeque::new(),
@@ -223,24 +211,16 @@ impl Vsock {
 }
 
 impl VirtioDevice for Vsock {
+    fn common(&self) -> &VirtioCommon {
+        &self.common
+    }
+
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
+    }
+
     fn device_type(&self) -> u32 {
         VIRTIO_ID_VSOCK
-    }
-
-    fn queue_max_sizes(&self) -> &[u16] {
-        &[QUEUE_SIZE; 3]
-    }
-
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_events
-    }
-
-    fn avail_features(&self) -> u64 {
-        1 << VIRTIO_F_VERSION_1
-    }
-
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features();
     }
 
     /// The configuration space is the guest's CID.
@@ -248,24 +228,18 @@ impl VirtioDevice for Vsock {
         read_config_bytes(&self.cid.to_le_bytes(), offset, data);
     }
 
-    fn activate(
-        &mut self,
-        mem: GuestMemory,
-        queues: Vec<Queue>,
-        irq: Arc<IrqTrigger>,
-    ) -> Result<(), ActivateError> {
-        let queues = checked_queues(&mem, queues, 3, &self.metrics.activate_fails)?;
-        self.active = Some(Active { mem, queues, irq });
-        // This runs on a vCPU thread: the VMM thread serves what is already waiting.
-        let _ = self.queue_events[TX].write(1);
-        let _ = self.queue_events[RX].write(1);
-        Ok(())
+    fn activate_fails(&self) -> Option<&telemetry::Counter> {
+        Some(&self.metrics.activate_fails)
+    }
+
+    /// The VMM thread serves what is already waiting. Not the event queue: its kick is the
+    /// guest's answer to a transport reset.
+    fn activated(&mut self) {
+        self.common.kick([TX, RX]);
     }
 
     /// Every connection ends; the VMM thread closes them (this runs on a vCPU thread).
-    fn reset(&mut self) {
-        self.active = None;
-        self.acked_features = 0;
+    fn reset_device(&mut self) {
         let ids: Vec<u32> = self.conns.keys().copied().collect();
         for id in ids {
             self.remove_conn(id);
@@ -273,21 +247,14 @@ impl VirtioDevice for Vsock {
         self.queue.clear();
         self.orphan_rsts.clear();
         self.reset_unacked = None;
-        let _ = self.queue_events[TX].write(1);
-    }
-
-    fn queue_states(&self) -> Vec<QueueState> {
-        self.active
-            .iter()
-            .flat_map(|a| a.queues.iter().map(Queue::state))
-            .collect()
+        self.common.kick([TX]);
     }
 
     /// The host ends of the guest's connections stayed with the process that was
     /// snapshotted: tell the guest (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET, as Firecracker does),
     /// so that it resets every connection and listens again.
     fn restored(&mut self) {
-        let Some(active) = &mut self.active else {
+        let Some(active) = &mut self.common.active else {
             return;
         };
         let Some(chain) = active.queues[EVENT].pop_descriptor_chain(&active.mem) else {
@@ -309,7 +276,7 @@ impl VirtioDevice for Vsock {
             .add_used(&active.mem, head, len)
             .is_ok()
         {
-            let _ = active.irq.trigger(crate::virtio::InterruptKind::Queue);
+            active.notify();
             self.reset_unacked = Some(Instant::now() + RESET_ACK_WAIT);
         }
     }
@@ -319,7 +286,7 @@ impl Vsock {
     /// The driver gives event buffers back once it has handled the event in them: after a
     /// restore, the transport reset.
     fn event_queue_kicked(&mut self) {
-        let _ = self.queue_events[EVENT].read();
+        let _ = self.common.queue_event(EVENT).read();
         self.reset_unacked = None;
     }
 
@@ -341,9 +308,9 @@ impl Vsock {
 impl MutEventSubscriber for Vsock {
     fn init(&mut self, ops: &mut EventOps) {
         let fixed = [
-            Events::new(&self.queue_events[RX], EventSet::IN),
-            Events::new(&self.queue_events[TX], EventSet::IN),
-            Events::new(&self.queue_events[EVENT], EventSet::IN),
+            Events::new(self.common.queue_event(RX), EventSet::IN),
+            Events::new(self.common.queue_event(TX), EventSet::IN),
+            Events::new(self.common.queue_event(EVENT), EventSet::IN),
             Events::new(&self.listener, EventSet::IN),
             Events::new(&self.timer, EventSet::IN),
         ];
@@ -357,14 +324,14 @@ impl MutEventSubscriber for Vsock {
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
         let fd = events.fd();
-        if fd == self.queue_events[RX].as_raw_fd() {
-            let _ = self.queue_events[RX].read();
+        if fd == self.common.queue_event(RX).as_raw_fd() {
+            let _ = self.common.queue_event(RX).read();
             self.metrics.rx_queue_event_count.inc();
-        } else if fd == self.queue_events[TX].as_raw_fd() {
-            let _ = self.queue_events[TX].read();
+        } else if fd == self.common.queue_event(TX).as_raw_fd() {
+            let _ = self.common.queue_event(TX).read();
             self.metrics.tx_queue_event_count.inc();
             self.process_tx();
-        } else if fd == self.queue_events[EVENT].as_raw_fd() {
+        } else if fd == self.common.queue_event(EVENT).as_raw_fd() {
             self.event_queue_kicked();
         } else if fd == self.listener.as_raw_fd() {
             self.accept_all();

@@ -9,7 +9,6 @@ use super::chain::{writable_buffers, write_buffers};
 use super::conn::{owe, Next};
 use super::packet::*;
 use super::{Vsock, ANSWER_TIMEOUT, MAX_ORPHAN_RSTS, RX};
-use crate::virtio::InterruptKind;
 
 fn op_for(bit: u8) -> u16 {
     match bit {
@@ -57,7 +56,7 @@ impl Vsock {
         if !self.rx_open() {
             return false;
         }
-        let Some(mut active) = self.active.take() else {
+        let Some(mut active) = self.common.active.take() else {
             return false;
         };
         let mut buf = std::mem::take(&mut self.buf);
@@ -95,10 +94,10 @@ impl Vsock {
             used_any = true;
         }
         if used_any {
-            let _ = active.irq.trigger(InterruptKind::Queue);
+            active.notify();
         }
         self.buf = buf;
-        self.active = Some(active);
+        self.common.active = Some(active);
         used_any
     }
 

@@ -568,7 +568,7 @@ fn after_a_restore_the_guest_handles_the_reset_before_any_new_connection() {
     );
     // The driver handled the event and gave the buffer back.
     d.push(event, 1, &[Descriptor::new(event_buf, 4, WRITE, 0)]);
-    dev.queue_events[2].write(1).unwrap();
+    dev.common.queue_event(2).write(1).unwrap();
     dev.event_queue_kicked();
     dev.process_rx();
     let got = d.received();

@@ -8,12 +8,11 @@ use super::chain::read_packet;
 use super::conn::{owe, Conn, State};
 use super::packet::*;
 use super::{Vsock, MAX_CONNS, MAX_ORPHAN_RSTS, TX};
-use crate::virtio::InterruptKind;
 
 impl Vsock {
     /// Reads every packet the guest queued, while the RSTs owed for them have room.
     pub fn process_tx(&mut self) -> bool {
-        let Some(mut active) = self.active.take() else {
+        let Some(mut active) = self.common.active.take() else {
             return false;
         };
         let mut buf = std::mem::take(&mut self.buf);
@@ -42,10 +41,10 @@ impl Vsock {
             }
         }
         if used_any {
-            let _ = active.irq.trigger(InterruptKind::Queue);
+            active.notify();
         }
         self.buf = buf;
-        self.active = Some(active);
+        self.common.active = Some(active);
         used_any
     }
 

@@ -1,0 +1,153 @@
+//! What every virtio device keeps whatever its type and transport: the features offered and
+//! accepted, the queues' sizes and notification eventfds, and once the driver has started
+//! it, the queues, guest memory and interrupt. A device embeds one [`VirtioCommon`] and the
+//! [`super::VirtioDevice`] trait's provided methods do the rest.
+
+use std::sync::Arc;
+
+use virtio_queue::{Queue, QueueState, QueueT};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{ActivateError, GuestMemory, InterruptKind, IrqTrigger};
+
+/// A started device's queues, in the order the device defines, with guest memory and the
+/// interrupt that tells the driver about used buffers.
+pub struct Active {
+    pub mem: GuestMemory,
+    pub queues: Vec<Queue>,
+    pub irq: Arc<IrqTrigger>,
+}
+
+impl std::fmt::Debug for Active {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Active")
+            .field("queues", &self.queues.len())
+            .finish()
+    }
+}
+
+impl Active {
+    /// Tells the driver that a used ring moved.
+    pub fn notify(&self) {
+        if let Err(e) = self.irq.trigger(InterruptKind::Queue) {
+            log::debug!("virtio: cannot raise the interrupt: {e}");
+        }
+    }
+}
+
+pub struct VirtioCommon {
+    avail_features: u64,
+    acked_features: u64,
+    queue_max_sizes: Vec<u16>,
+    queue_events: Vec<EventFd>,
+    /// Taken by a device while it works on its queues, and put back.
+    pub active: Option<Active>,
+}
+
+impl std::fmt::Debug for VirtioCommon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtioCommon")
+            .field("acked_features", &self.acked_features)
+            .field("active", &self.active.is_some())
+            .finish()
+    }
+}
+
+impl VirtioCommon {
+    /// A device that offers `avail_features` and has one queue of each size in
+    /// `queue_max_sizes`.
+    pub fn new(avail_features: u64, queue_max_sizes: &[u16]) -> std::io::Result<Self> {
+        let queue_events = queue_max_sizes
+            .iter()
+            .map(|_| EventFd::new(libc::EFD_NONBLOCK))
+            .collect::<std::io::Result<_>>()?;
+        Ok(VirtioCommon {
+            avail_features,
+            acked_features: 0,
+            queue_max_sizes: queue_max_sizes.to_vec(),
+            queue_events,
+            active: None,
+        })
+    }
+
+    pub fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+
+    pub fn acked_features(&self) -> u64 {
+        self.acked_features
+    }
+
+    /// Whether the driver accepted feature `bit`.
+    pub fn acked(&self, bit: u32) -> bool {
+        self.acked_features & (1 << bit) != 0
+    }
+
+    /// Keeps what the driver accepted of what was offered.
+    pub fn set_acked_features(&mut self, features: u64) {
+        self.acked_features = features & self.avail_features;
+    }
+
+    pub fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_max_sizes
+    }
+
+    pub fn queue_events(&self) -> &[EventFd] {
+        &self.queue_events
+    }
+
+    pub fn queue_event(&self, index: usize) -> &EventFd {
+        &self.queue_events[index]
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// Takes the driver's queues if there is one per queue size and each lies in guest
+    /// memory.
+    pub fn activate(
+        &mut self,
+        mem: GuestMemory,
+        queues: Vec<Queue>,
+        irq: Arc<IrqTrigger>,
+    ) -> Result<(), ActivateError> {
+        let expected = self.queue_max_sizes.len();
+        if queues.len() != expected {
+            return Err(ActivateError::QueueCount {
+                expected,
+                found: queues.len(),
+            });
+        }
+        if let Some(bad) = queues.iter().position(|q| !q.is_valid(&mem)) {
+            return Err(ActivateError::InvalidQueue(bad));
+        }
+        self.active = Some(Active { mem, queues, irq });
+        Ok(())
+    }
+
+    /// Signals the notification eventfds of `queues`, so that the VMM thread serves what
+    /// the driver posted before KVM's ioeventfds were armed (activation runs on a vCPU
+    /// thread, whose seccomp filter allows no device I/O).
+    pub fn kick(&self, queues: impl IntoIterator<Item = usize>) {
+        for index in queues {
+            if let Some(evt) = self.queue_events.get(index) {
+                let _ = evt.write(1);
+            }
+        }
+    }
+
+    /// Back to the state before the driver started the device.
+    pub fn reset(&mut self) {
+        self.active = None;
+        self.acked_features = 0;
+    }
+
+    /// The started device's queues, in order (empty before activation).
+    pub fn queue_states(&self) -> Vec<QueueState> {
+        self.active
+            .iter()
+            .flat_map(|a| a.queues.iter().map(Queue::state))
+            .collect()
+    }
+}

@@ -1,0 +1,322 @@
+//! The build recipe, in order: `VmResources` → guest memory → KVM VM → kernel and initrd →
+//! devices (and their command-line entries) → boot information → configured vCPUs. The
+//! result is a [`MicroVm`] whose vCPUs have not run yet.
+
+mod attach;
+mod boot;
+
+use std::fs::File;
+use std::sync::Arc;
+
+use arch::cpuid::Topology;
+use arch::layout::{self, CMDLINE_MAX_SIZE};
+
+use self::attach::{attach_devices, Attached};
+use crate::config::{self, BootSourceConfig};
+use crate::memory::{self, GuestMemory};
+use crate::microvm::{MicroVm, Parts, VcpuCounters};
+use crate::resources::VmResources;
+use crate::snapshot::MicrovmState;
+use crate::vcpu::stats::VcpuStats;
+use crate::vcpu::{self, BootEntry, Vcpu};
+use crate::vm::{self, Vm};
+use crate::ExitSignal;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("no boot source is configured: set boot-source.kernel_image_path")]
+    NoBootSource,
+    #[error("{0}")]
+    Memory(#[from] memory::Error),
+    #[error("{0}")]
+    Vm(#[from] vm::Error),
+    #[error("cannot open the kernel image {path}: {source}")]
+    OpenKernel {
+        path: String,
+        source: hostfile::Error,
+    },
+    #[error("cannot open the initrd {path}: {source}")]
+    OpenInitrd {
+        path: String,
+        source: hostfile::Error,
+    },
+    #[error("{0}")]
+    Load(#[from] arch::loader::Error),
+    #[error("the kernel command line is {len} bytes long; at most {} fit", CMDLINE_MAX_SIZE - 1)]
+    CmdlineTooLong { len: usize },
+    #[error("{0}")]
+    BootParams(#[from] arch::boot_params::Error),
+    #[error("{0}")]
+    MpTable(#[from] arch::mptable::Error),
+    #[error("cannot write the boot tables into guest memory: {0}")]
+    GuestMemory(#[from] vm_memory::GuestMemoryError),
+    #[error("drive {id}: {source}")]
+    Drive {
+        id: String,
+        source: devices::virtio::block::Error,
+    },
+    #[error("network interface {id}: {source}")]
+    Net {
+        id: String,
+        source: devices::virtio::net::Error,
+    },
+    #[error("cannot place a device on the bus: {0}")]
+    Bus(#[from] devices::bus::Error),
+    #[error("cannot create an eventfd: {0}")]
+    EventFd(#[source] std::io::Error),
+    #[error("cannot set up the vsock device: {0}")]
+    Vsock(#[source] std::io::Error),
+    #[error("{0}")]
+    Vcpu(#[from] vcpu::Error),
+    #[error("there are more MMIO devices than interrupt lines 5 to 23 can serve")]
+    TooManyDevices,
+    #[error("cannot copy the console's file descriptors: {0}")]
+    Console(#[source] std::io::Error),
+    #[error("cannot open the serial output file {path}: {source}")]
+    SerialOutput {
+        path: String,
+        source: hostfile::Error,
+    },
+    #[error("the snapshot's serial console state is not valid: {0}")]
+    SerialState(#[source] std::io::Error),
+    #[error("{0}")]
+    State(#[from] crate::snapshot::state::StateError),
+    #[error("{0}")]
+    DeviceState(#[from] devices::virtio::snapshot::RestoreError),
+    #[error("the snapshot has {saved} virtio devices; its configuration makes {built}")]
+    DeviceCount { saved: usize, built: usize },
+    #[error("{0}")]
+    CpuTemplate(#[from] vcpu::template::TemplateError),
+}
+
+/// The CPU template of the microVM, checked against this host.
+fn guest_cpu(ctx: &Context, caps: &vm::HostCaps) -> Result<vcpu::template::GuestCpu, BuildError> {
+    let r = ctx.resources;
+    let cpu = vcpu::template::resolve(
+        r.machine_config.cpu_template,
+        r.cpu_template.as_ref(),
+        caps,
+        |n| ctx.vm.has_capability(n),
+    )?;
+    if caps.pvm && cpu != vcpu::template::GuestCpu::default() {
+        log::warn!(
+            "this host's KVM is kvm_pvm, which answers most of the guest's CPUID from the host CPU: the CPU template is given to KVM, but the guest sees only part of it"
+        );
+    }
+    Ok(cpu)
+}
+
+/// Where the guest's serial console goes and comes from. Each build takes copies of the
+/// descriptors, so that a failed `InstanceStart` can be retried.
+#[derive(Debug)]
+pub struct Console {
+    pub output: File,
+    pub input: Option<File>,
+}
+
+/// What the VMM lends every microVM it builds.
+#[derive(Debug)]
+pub struct Host<'a> {
+    pub console: &'a Console,
+    /// Where vCPUs and devices report that the VM must stop.
+    pub exit: &'a Arc<ExitSignal>,
+    pub mmds: &'a mmds::SharedStore,
+    pub metrics: &'a Arc<telemetry::Metrics>,
+}
+
+/// Builds a VM from `resources`, ready for [`MicroVm::start`].
+pub fn build(resources: &VmResources, host: &Host) -> Result<MicroVm, BuildError> {
+    let boot = resources
+        .boot_source
+        .as_ref()
+        .ok_or(BuildError::NoBootSource)?;
+    let machine = &resources.machine_config;
+    let mem_bytes = machine.mem_bytes().map_err(|_| memory::Error::Map {
+        mib: machine.mem_size_mib as u64,
+        reason: "it overflows a 64-bit address".into(),
+    })?;
+
+    let mem = memory::create(mem_bytes, machine.huge_pages)?;
+    let track_dirty = machine.track_dirty_pages;
+    let vm = Vm::new(&mem, track_dirty)?;
+    let ctx = Context {
+        vm: &vm,
+        mem: &mem,
+        resources,
+        host,
+    };
+    let parts = assemble(&ctx, mem_bytes, boot)?;
+    Ok(MicroVm::new(parts, mem, vm, track_dirty))
+}
+
+/// Rebuilds a snapshot's microVM from `resources` (its configuration, overrides applied) on
+/// `mem` (its guest RAM, already in place): the same devices at the same addresses, in their
+/// saved state, and the vCPUs and VM in KVM's saved state. Nothing runs yet.
+pub fn restore(
+    resources: &VmResources,
+    state: &MicrovmState,
+    mem: GuestMemory,
+    track_dirty: bool,
+    clock_realtime: bool,
+    host: &Host,
+) -> Result<MicroVm, BuildError> {
+    let vm = Vm::new(&mem, track_dirty)?;
+    let ctx = Context {
+        vm: &vm,
+        mem: &mem,
+        resources,
+        host,
+    };
+    let parts = rebuild(&ctx, state)?;
+    // KVM needs guest memory in place for some MSRs (kvmclock, async PF, PV EOI, steal time).
+    for (vcpu, saved) in parts.vcpus.iter().zip(&state.vcpus) {
+        vcpu.restore_state(saved)?;
+    }
+    crate::snapshot::state::restore_vm(vm.fd(), &state.vm, clock_realtime)?;
+    for transport in &parts.devices.transports {
+        devices::bus::lock(transport).announce_restore();
+    }
+    Ok(MicroVm::new(parts, mem, vm, track_dirty))
+}
+
+/// The devices of a restore in their saved state, and the vCPUs with their CPUID.
+fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
+    let caps = ctx.vm.host_caps()?;
+    let attached = attach_devices(ctx, Some(&state.devices.serial))?;
+    let transports = &attached.devices.transports;
+    if transports.len() != state.devices.virtio.len() {
+        return Err(BuildError::DeviceCount {
+            saved: state.devices.virtio.len(),
+            built: transports.len(),
+        });
+    }
+    let machine = &ctx.resources.machine_config;
+    let cpu = guest_cpu(ctx, &caps)?;
+    // CPUID now: KVM takes it only before the vCPU's state.
+    let (vcpus, stats) = create_vcpus(ctx, &attached, &caps, |index, fd| {
+        Ok(Vcpu::configure(
+            fd,
+            topology(machine, index),
+            &caps,
+            &cpu,
+            None,
+        )?)
+    })?;
+    if let (Some(balloon), Some(pages)) = (
+        &attached.devices.balloon,
+        state.devices.balloon_actual_pages,
+    ) {
+        devices::bus::lock(balloon).restore_actual_pages(pages);
+    }
+    if let (Some(balloon), Some(hinting)) =
+        (&attached.devices.balloon, state.devices.balloon_hinting)
+    {
+        devices::bus::lock(balloon).restore_hinting(hinting);
+    }
+    for (transport, saved) in transports.iter().zip(&state.devices.virtio) {
+        devices::bus::lock(transport).restore(saved)?;
+    }
+    Ok(into_parts(attached, vcpus, stats))
+}
+
+/// Everything but the memory slots: kernel, initrd, devices, boot tables, vCPUs.
+fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Parts, BuildError> {
+    let (vm, mem) = (ctx.vm, ctx.mem);
+    let machine = &ctx.resources.machine_config;
+    let kernel = boot::load_kernel(mem, &boot.kernel_image_path)?;
+    let low_ram_end = mem_bytes.min(layout::MMIO_GAP_START);
+    let initrd = match &boot.initrd_path {
+        Some(path) => Some(boot::load_initrd(mem, path, &kernel, low_ram_end)?),
+        None => None,
+    };
+
+    let caps = vm.host_caps()?;
+    let cpu = guest_cpu(ctx, &caps)?;
+    let mut cmdline = boot.boot_args().to_string();
+    if caps.pvm {
+        cmdline.push(' ');
+        cmdline.push_str(crate::pvm::BOOT_ARGS);
+    }
+    let attached = attach_devices(ctx, None)?;
+    cmdline.push_str(&attached.kernel_args);
+
+    boot::write_cmdline(mem, &cmdline)?;
+    boot::write_boot_info(
+        mem,
+        &kernel,
+        initrd,
+        machine.vcpu_count,
+        mem_bytes,
+        cmdline.len() + 1,
+    )?;
+    let cr3 = arch::paging::write_identity_tables(mem)?;
+    let entry = BootEntry {
+        protocol: kernel.protocol,
+        entry: kernel.entry,
+        cr3,
+    };
+    let (vcpus, stats) = create_vcpus(ctx, &attached, &caps, |index, fd| {
+        let topo = topology(machine, index);
+        Vcpu::configure(fd, topo, &caps, &cpu, (index == 0).then_some(entry))?;
+        Ok(())
+    })?;
+    Ok(into_parts(attached, vcpus, stats))
+}
+
+/// What every build step reads.
+struct Context<'a> {
+    vm: &'a Vm,
+    mem: &'a GuestMemory,
+    resources: &'a VmResources,
+    host: &'a Host<'a>,
+}
+
+fn topology(machine: &config::MachineConfig, index: u8) -> Topology {
+    Topology {
+        cpu_index: index,
+        count: machine.vcpu_count,
+        smt: machine.smt,
+    }
+}
+
+/// Creates the vCPUs, each set up by `setup` (boot state or a snapshot's).
+fn create_vcpus(
+    ctx: &Context,
+    attached: &Attached,
+    caps: &vm::HostCaps,
+    mut setup: impl FnMut(u8, &kvm_ioctls::VcpuFd) -> Result<(), BuildError>,
+) -> Result<(Vec<Vcpu>, VcpuCounters), BuildError> {
+    let count = ctx.resources.machine_config.vcpu_count;
+    let mut vcpus = Vec::with_capacity(usize::from(count));
+    let mut stats = Vec::with_capacity(usize::from(count));
+    let msr_indices = Arc::new(caps.msr_indices.clone());
+    for index in 0..count {
+        let fd = ctx.vm.create_vcpu(index)?;
+        setup(index, &fd)?;
+        stats.extend(VcpuStats::open(&fd).map(|st| (index, st)));
+        vcpus.push(
+            Vcpu::new(
+                index,
+                fd,
+                attached.pio.clone(),
+                attached.mmio.clone(),
+                ctx.host.exit.clone(),
+                ctx.mem.clone(),
+                ctx.host.metrics.clone(),
+            )
+            .with_snapshot_msrs(msr_indices.clone()),
+        );
+    }
+    Ok((vcpus, stats))
+}
+
+/// The microVM's parts, once its vCPUs are made.
+fn into_parts(attached: Attached, vcpus: Vec<Vcpu>, stats: VcpuCounters) -> Parts {
+    Parts {
+        vcpus,
+        stats,
+        subscribers: attached.subscribers,
+        devices: attached.devices,
+        i8042: attached.i8042,
+    }
+}
