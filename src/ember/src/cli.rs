@@ -80,14 +80,8 @@ pub enum Command {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    #[error("unknown argument {0}; see ember --help")]
-    Unknown(String),
-    #[error("argument {0} needs a value")]
-    MissingValue(String),
-    #[error("argument {0} takes no value")]
-    UnexpectedValue(String),
-    #[error("argument {0} was given twice")]
-    Duplicate(String),
+    #[error(transparent)]
+    Flags(#[from] flags::Error),
     #[error("invalid log level {0:?}; use Off, Error, Warning, Info, Debug or Trace")]
     Level(String),
     #[error("the microVM id {0:?} must be 1 to 64 characters, letters, digits, '-' and '_' only")]
@@ -131,9 +125,43 @@ fn parse_level(value: &str) -> Result<log::LevelFilter, Error> {
         .map_err(|_| Error::Level(value.to_string()))
 }
 
+/// Ember's flags (Firecracker's).
+const SPEC: flags::Spec = flags::Spec {
+    program: "ember",
+    with_value: &[
+        "--api-sock",
+        "--id",
+        "--config-file",
+        "--level",
+        "--log-path",
+        "--module",
+        "--metrics-path",
+        "--http-api-max-payload-size",
+        "--mmds-size-limit",
+        "--metadata",
+        "--seccomp-filter",
+        "--start-time-us",
+        "--start-time-cpu-us",
+        "--parent-cpu-time-us",
+    ],
+    switches: &[
+        "--help",
+        "-h",
+        "--version",
+        "-V",
+        "--no-api",
+        "--boot-timer",
+        "--enable-pci",
+        "--show-level",
+        "--show-log-origin",
+        "--no-seccomp",
+    ],
+    repeatable: &[],
+    dashes_end_flags: false,
+};
+
 /// Parses arguments (without the program name). Both `--flag value` and `--flag=value`.
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> {
-    let mut args = args.into_iter();
     let mut out = Args {
         api_sock: DEFAULT_API_SOCK.into(),
         id: DEFAULT_ID.into(),
@@ -152,46 +180,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         seccomp: Seccomp::Builtin,
         start_time_us: None,
     };
-    let mut seen: Vec<String> = Vec::new();
-    while let Some(arg) = args.next() {
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        if seen.contains(&name) {
-            return Err(Error::Duplicate(name));
-        }
-        seen.push(name.clone());
-        let takes_value = matches!(
-            name.as_str(),
-            "--api-sock"
-                | "--id"
-                | "--config-file"
-                | "--level"
-                | "--log-path"
-                | "--module"
-                | "--metrics-path"
-                | "--http-api-max-payload-size"
-                | "--mmds-size-limit"
-                | "--metadata"
-                | "--seccomp-filter"
-                | "--start-time-us"
-                | "--start-time-cpu-us"
-                | "--parent-cpu-time-us"
-        );
-        let value = if takes_value {
-            match inline {
-                Some(v) => v,
-                None => args
-                    .next()
-                    .ok_or_else(|| Error::MissingValue(name.clone()))?,
-            }
-        } else {
-            if inline.is_some() {
-                return Err(Error::UnexpectedValue(name));
-            }
-            String::new()
-        };
+    for flag in flags::Reader::new(args, SPEC) {
+        let flags::Flag { name, value } = flag?;
         match name.as_str() {
             "--help" | "-h" => return Ok(Command::Help),
             "--version" | "-V" => return Ok(Command::Version),
@@ -248,7 +238,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
                     out.start_time_us = Some(us);
                 }
             }
-            _ => return Err(Error::Unknown(arg)),
+            _ => unreachable!("{name} is in SPEC"),
         }
     }
     Ok(Command::Run(Box::new(out)))
@@ -308,20 +298,24 @@ mod tests {
 
     #[test]
     fn bad_arguments() {
-        assert_eq!(args(&["--bogus"]), Err(Error::Unknown("--bogus".into())));
+        let unknown = flags::Error::Unknown {
+            arg: "--bogus".into(),
+            program: "ember",
+        };
+        assert_eq!(args(&["--bogus"]), Err(unknown.into()));
         assert_eq!(
             args(&["--config-file"]),
-            Err(Error::MissingValue("--config-file".into()))
+            Err(flags::Error::MissingValue("--config-file".into()).into())
         );
         assert_eq!(
             args(&["--no-api=1"]),
-            Err(Error::UnexpectedValue("--no-api".into()))
+            Err(flags::Error::UnexpectedValue("--no-api".into()).into())
         );
         assert_eq!(args(&["--level", "loud"]), Err(Error::Level("loud".into())));
         assert_eq!(args(&["--id", "a/b"]), Err(Error::Id("a/b".into())));
         assert_eq!(
             args(&["--no-api", "--no-api"]),
-            Err(Error::Duplicate("--no-api".into()))
+            Err(flags::Error::Duplicate("--no-api".into()).into())
         );
         assert_eq!(args(&["--help", "--bogus"]), Ok(Command::Help));
         assert_eq!(

@@ -71,14 +71,8 @@ pub enum Command {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    #[error("unknown argument {0}; see jailer --help")]
-    Unknown(String),
-    #[error("argument {0} needs a value")]
-    MissingValue(String),
-    #[error("argument {0} takes no value")]
-    UnexpectedValue(String),
-    #[error("argument {0} was given twice")]
-    Duplicate(String),
+    #[error(transparent)]
+    Flags(#[from] flags::Error),
     #[error("missing argument {0}")]
     Required(&'static str),
     #[error("invalid --id {0:?}: use 1 to 64 letters, digits and '-'")]
@@ -116,6 +110,31 @@ pub enum Error {
     #[error("--resource-limit {0:?} must be fsize=BYTES or no-file=N")]
     Limit(String),
 }
+
+/// The jailer's flags (Firecracker's); what follows `--` goes to the VMM.
+const SPEC: flags::Spec = flags::Spec {
+    program: "jailer",
+    with_value: &[
+        "--id",
+        "--exec-file",
+        "--uid",
+        "--gid",
+        "--chroot-base-dir",
+        "--netns",
+        "--cgroup-version",
+        "--parent-cgroup",
+    ],
+    switches: &[
+        "--daemonize",
+        "--new-pid-ns",
+        "--help",
+        "-h",
+        "--version",
+        "-V",
+    ],
+    repeatable: &["--cgroup", "--resource-limit"],
+    dashes_end_flags: true,
+};
 
 fn valid_id(id: &str) -> bool {
     (1..=64).contains(&id.len()) && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
@@ -225,7 +244,6 @@ fn check_limit(value: &str) -> Result<(Resource, u64), Error> {
 
 /// Parses and checks the arguments (without the program name).
 pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> {
-    let mut args = args.into_iter();
     let (mut id, mut exec, mut uid, mut gid) = (None, None, None, None);
     let mut out = Args {
         id: String::new(),
@@ -242,49 +260,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         limits: Vec::new(),
         vmm_args: Vec::new(),
     };
-    let mut seen: Vec<String> = Vec::new();
-    while let Some(arg) = args.next() {
-        if arg == "--" {
-            out.vmm_args = args.by_ref().collect();
-            break;
-        }
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let repeatable = matches!(name.as_str(), "--cgroup" | "--resource-limit");
-        if !repeatable && seen.contains(&name) {
-            return Err(Error::Duplicate(name));
-        }
-        seen.push(name.clone());
-        let flag = matches!(
-            name.as_str(),
-            "--daemonize" | "--new-pid-ns" | "--help" | "-h" | "--version" | "-V"
-        );
-        let known = flag
-            || repeatable
-            || matches!(
-                name.as_str(),
-                "--id"
-                    | "--exec-file"
-                    | "--uid"
-                    | "--gid"
-                    | "--chroot-base-dir"
-                    | "--netns"
-                    | "--cgroup-version"
-                    | "--parent-cgroup"
-            );
-        if !known {
-            return Err(Error::Unknown(arg));
-        }
-        let value = match (flag, inline) {
-            (true, Some(_)) => return Err(Error::UnexpectedValue(name)),
-            (true, None) => String::new(),
-            (false, Some(v)) => v,
-            (false, None) => args
-                .next()
-                .ok_or_else(|| Error::MissingValue(name.clone()))?,
-        };
+    let mut reader = flags::Reader::new(args, SPEC);
+    for flag in reader.by_ref() {
+        let flags::Flag { name, value } = flag?;
         match name.as_str() {
             "--help" | "-h" => return Ok(Command::Help),
             "--version" | "-V" => return Ok(Command::Version),
@@ -316,9 +294,10 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
                 out.parent_cgroup = Some(value);
             }
             "--resource-limit" => out.limits.push(check_limit(&value)?),
-            _ => return Err(Error::Unknown(arg)),
+            _ => unreachable!("{name} is in SPEC"),
         }
     }
+    out.vmm_args = reader.rest();
     out.id = id.ok_or(Error::Required("--id"))?;
     if !valid_id(&out.id) {
         return Err(Error::Id(out.id));

@@ -188,8 +188,18 @@ fn bad_arguments_are_refused_with_the_reason() {
     }
     assert_eq!(
         base(&["--daemonize=1"]),
-        Error::UnexpectedValue("--daemonize".into())
+        flags::Error::UnexpectedValue("--daemonize".into()).into()
     );
-    assert_eq!(base(&["--id", "b"]), Error::Duplicate("--id".into()));
-    assert_eq!(base(&["--bogus"]), Error::Unknown("--bogus".into()));
+    assert_eq!(
+        base(&["--id", "b"]),
+        flags::Error::Duplicate("--id".into()).into()
+    );
+    assert_eq!(
+        base(&["--bogus"]),
+        flags::Error::Unknown {
+            arg: "--bogus".into(),
+            program: "jailer"
+        }
+        .into()
+    );
 }
