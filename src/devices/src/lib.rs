@@ -9,6 +9,7 @@
 pub mod bus;
 pub mod legacy;
 pub mod rate_limiter;
+mod sys;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice};

@@ -547,8 +547,8 @@ fn a_jail_left_by_a_killed_run_is_diagnosed_clearly() {
 }
 
 #[test]
-fn with_netns_the_guest_talks_to_its_tap_inside_that_namespace() {
-    let test = "with_netns_the_guest_talks_to_its_tap_inside_that_namespace";
+fn linux_in_a_jail_with_netns_talks_to_its_tap_inside_that_namespace() {
+    let test = "linux_in_a_jail_with_netns_talks_to_its_tap_inside_that_namespace";
     let Some(img) = linux_or_skip(test) else {
         return;
     };

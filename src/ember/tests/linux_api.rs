@@ -84,8 +84,8 @@ fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
 }
 
 #[test]
-fn a_paused_linux_makes_no_progress_until_resumed() {
-    let Some(img) = linux_or_skip("a_paused_linux_makes_no_progress_until_resumed") else {
+fn linux_paused_makes_no_progress_until_resumed() {
+    let Some(img) = linux_or_skip("linux_paused_makes_no_progress_until_resumed") else {
         return;
     };
     let s = Scratch::new("linux-pause");

@@ -93,8 +93,8 @@ fn vsock_traffic(uds: &std::path::Path) {
 }
 
 #[test]
-fn every_system_call_of_a_full_run_is_in_its_threads_filter() {
-    let test = "every_system_call_of_a_full_run_is_in_its_threads_filter";
+fn linux_full_run_makes_only_the_system_calls_its_threads_filters_allow() {
+    let test = "linux_full_run_makes_only_the_system_calls_its_threads_filters_allow";
     let Some(img) = linux_or_skip(test) else {
         return;
     };

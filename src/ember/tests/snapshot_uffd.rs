@@ -12,8 +12,8 @@ use std::time::Duration;
 use common::snapshot::*;
 use common::*;
 use serde_json::json;
+use test_support::uffd_handler::Handler;
 use vmm::snapshot::uffd::RegionMapping;
-use vmm::snapshot::uffd_handler::Handler;
 
 type Served = std::thread::JoinHandle<(Vec<RegionMapping>, u64)>;
 

@@ -143,23 +143,40 @@ impl Filters {
             thread,
             reason: e.to_string(),
         })?;
-        test_hook::exercise_allocator();
+        test_hook::after_install(thread);
         Ok(())
     }
 }
 
-/// Debug builds only: with `EMBER_TEST_ALLOC_STRESS=1` in its environment, each thread, right
-/// after installing its filter, allocates and frees as a busy VMM would at its worst (many
-/// blocks of every size, a heap grown and given back, a buffer grown by reallocation, one
-/// block far above the mmap threshold), so that a test can see that the allocator's system
-/// calls are in every filter. glibc's malloc failed this: trimming a thread's heap opens
-/// /proc/sys/vm/overcommit_memory. Release builds have no such hook.
+/// The tests' hooks into a running ember, all here, run by each thread right after it
+/// installs its filter. Debug builds only: release builds have none.
+///
+/// - `EMBER_TEST_VCPU_SYSCALL=socket`: a vCPU thread makes a system call its filter forbids
+///   (`socket`), so that the tests can see seccomp stop ember.
+/// - `EMBER_TEST_ALLOC_STRESS=1`: every thread allocates and frees as a busy VMM would at its
+///   worst (many blocks of every size, a heap grown and given back, a buffer grown by
+///   reallocation, one block far above the mmap threshold), so that a test can see that the
+///   allocator's system calls are in every filter. glibc's malloc failed this: trimming a
+///   thread's heap opens /proc/sys/vm/overcommit_memory.
 mod test_hook {
+    use super::Thread;
+
     #[cfg(debug_assertions)]
-    pub fn exercise_allocator() {
-        if std::env::var_os("EMBER_TEST_ALLOC_STRESS").is_none_or(|v| v != "1") {
-            return;
+    pub fn after_install(thread: Thread) {
+        let var = |name: &str, value: &str| std::env::var_os(name).is_some_and(|v| v == value);
+        if thread == Thread::Vcpu && var("EMBER_TEST_VCPU_SYSCALL", "socket") {
+            let _ = std::net::UdpSocket::bind("127.0.0.1:0");
         }
+        if var("EMBER_TEST_ALLOC_STRESS", "1") {
+            exercise_allocator();
+        }
+    }
+
+    #[cfg(not(debug_assertions))]
+    pub fn after_install(_: Thread) {}
+
+    #[cfg(debug_assertions)]
+    fn exercise_allocator() {
         let touch = |size: usize| {
             let v = vec![1u8; size];
             std::hint::black_box(&v);
@@ -186,9 +203,6 @@ mod test_hook {
             drop(touch(40 << 20));
         }
     }
-
-    #[cfg(not(debug_assertions))]
-    pub fn exercise_allocator() {}
 }
 
 #[cfg(test)]

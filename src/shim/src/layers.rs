@@ -91,7 +91,7 @@ pub fn prepare(
         );
         let image = cache.join(format!("{key:016x}.ext4"));
         let lock = File::create(cache.join(format!("{key:016x}.lock"))).map_err(io(cache))?;
-        flock(&lock);
+        crate::sys::flock(&lock);
         if !image.exists() {
             build_image(&lower, &image, &cache.join(format!("{key:016x}.mnt")))?;
         }
@@ -221,15 +221,6 @@ fn tree_size(root: &Path) -> (u64, u64) {
         }
     }
     (bytes, entries)
-}
-
-/// Waits for the exclusive lock of `file` (released when it closes): two shims starting
-/// containers of one image make its image once.
-pub(crate) fn flock(file: &File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock(2) on a descriptor we own; a failure only means no lock, and the
-    // temporary-file rename keeps a race harmless.
-    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
 }
 
 /// FNV-1a: a stable name for a layer set (its directories' paths).

@@ -12,6 +12,7 @@ mod network;
 mod process;
 mod sandbox;
 mod shim;
+mod sys;
 mod task;
 mod template;
 

@@ -245,8 +245,7 @@ fn copy_fifo(from: &File, to: &mut UnixStream) {
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one pollfd that lives across the call.
-        let n = unsafe { libc::poll(&mut fd, 1, -1) };
+        let n = crate::sys::poll(std::slice::from_mut(&mut fd), -1);
         if n < 0 {
             if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use crate::agent::Agent;
 use crate::config::Config;
 use crate::http;
+use crate::sys;
 
 /// How long one readiness ping may wait for the agent before the next is tried (a guest
 /// under load on a kvm_pvm host answers within seconds).
@@ -182,10 +183,10 @@ impl Sandbox {
             .stdin(Stdio::null())
             .stdout(console)
             .stderr(console2);
-        kill_with_parent(&mut command);
+        sys::kill_with_parent(&mut command);
         if let Some(netns) = netns {
             let ns = std::fs::File::open(netns).map_err(|e| Error::Dir(netns.to_path_buf(), e))?;
-            enter_netns(&mut command, ns);
+            sys::enter_netns(&mut command, ns);
         }
         // The child is spawned and waited for by a thread of its own that lives as long as
         // it does: the parent-death signal is tied to the thread that spawned it.
@@ -336,9 +337,9 @@ impl Sandbox {
     /// Ends the VM, keeping its files.
     pub fn kill(&self) {
         if self.ended().is_none() {
-            // SAFETY: kill(2) on the pid of our own child, which its thread has not reaped
-            // (ended is unset), so the pid is still ours.
-            unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+            // Our own child, which its thread has not reaped (ended is unset): the pid is
+            // still ours.
+            sys::kill(self.pid as i32);
             let guard = self.ended.0.lock().unwrap_or_else(|e| e.into_inner());
             let _ = self
                 .ended
@@ -372,8 +373,8 @@ pub fn clean_up(dir: &Path) -> bool {
             .any(|arg| arg == api.as_os_str().as_encoded_bytes())
     };
     if let Some(pid) = running(&paths.pid(), ours) {
-        // SAFETY: kill(2) on a process whose command line names this sandbox's socket.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+        // A process whose command line names this sandbox's socket.
+        sys::kill(pid);
         for _ in 0..100 {
             if !Path::new(&format!("/proc/{pid}")).exists() {
                 break;
@@ -438,35 +439,4 @@ fn vm_config(config: &Config, paths: &Paths, mem_size_mib: u32, nic: bool) -> Va
             json!([])
         },
     })
-}
-
-/// The child runs in the network namespace `ns` (where its TAP is).
-fn enter_netns(command: &mut Command, ns: std::fs::File) {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    // SAFETY: setns(2) on a descriptor the closure owns (moved in, open until exec closes
-    // it): async-signal-safe, and all the closure does between fork and exec.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-/// The child gets SIGKILL when the thread that spawned it ends (with the shim, or killed).
-fn kill_with_parent(command: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
-    // parent; it is all the closure does between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
 }

@@ -7,8 +7,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::Config;
-use crate::layers::{flock, fnv64};
+use crate::layers::fnv64;
 use crate::sandbox::{Error, Sandbox};
+use crate::sys::flock;
 
 /// What a template's guest depends on: the files it was booted from (by path, size and
 /// modification time) and the VM's shape.

@@ -23,6 +23,7 @@ pub mod pvm;
 pub mod resources;
 pub mod rpc;
 pub mod snapshot;
+mod sys;
 pub mod vcpu;
 pub mod vm;
 

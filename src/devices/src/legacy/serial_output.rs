@@ -11,7 +11,7 @@ use std::sync::Arc;
 use telemetry::metrics::UartMetrics;
 use telemetry::Sparse;
 
-use crate::rate_limiter::{BucketSpec, TokenBucket};
+use crate::rate_limiter::{TokenBucket, TokenBucketConfig};
 
 pub struct SerialOutput<W> {
     out: W,
@@ -43,7 +43,7 @@ impl<W: Write> SerialOutput<W> {
     }
 
     /// Bounds the bytes written by `bucket` (None: no bound).
-    pub fn with_limit(mut self, bucket: Option<BucketSpec>) -> Self {
+    pub fn with_limit(mut self, bucket: Option<TokenBucketConfig>) -> Self {
         let epoch = std::time::Instant::now();
         self.limit = bucket
             .and_then(|b| TokenBucket::new(b, 0))

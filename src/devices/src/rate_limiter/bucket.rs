@@ -2,21 +2,44 @@
 //! tests can drive time by hand, backwards included.
 //!
 //! The model is Firecracker's: a bucket of `size` tokens that refills at `size` tokens per
-//! `refill_time_ms`, never above `size`; `one_time_burst` extra tokens that are spent first
+//! `refill_time` milliseconds, never above `size`; `one_time_burst` extra tokens that are spent first
 //! and never come back; and a request larger than the whole bucket is admitted when the bucket
 //! is full, leaving a debt that the refill pays before anything else is admitted.
 
-/// What a bucket holds and how fast it refills.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketSpec {
+/// What a bucket holds and how fast it refills: Firecracker's `TokenBucket` body, the
+/// API's and the snapshot's type as well as the device's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBucketConfig {
     pub size: u64,
-    pub one_time_burst: u64,
-    pub refill_time_ms: u64,
+    #[serde(default)]
+    pub one_time_burst: Option<u64>,
+    /// Milliseconds to refill the whole bucket.
+    pub refill_time: u64,
+}
+
+impl TokenBucketConfig {
+    /// Refuses a bucket with tokens but a refill time of 0 (`what` names it).
+    pub fn validate(&self, what: &'static str) -> Result<(), super::RefillTimeError> {
+        match self.size > 0 && self.refill_time == 0 {
+            true => Err(super::RefillTimeError {
+                what,
+                size: self.size,
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// Whether the bucket limits anything: a size or refill time of 0 is how Firecracker
+    /// spells "no limit".
+    pub fn limits(&self) -> bool {
+        self.size > 0 && self.refill_time > 0
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBucket {
-    spec: BucketSpec,
+    spec: TokenBucketConfig,
     /// Tokens available now, at most `spec.size`.
     budget: u64,
     /// Tokens owed by an admitted request that was larger than the bucket.
@@ -31,20 +54,20 @@ pub struct TokenBucket {
 impl TokenBucket {
     /// A full bucket at time `now`; None for a bucket that limits nothing (size or refill
     /// time 0, which is how Firecracker spells "no limit").
-    pub fn new(spec: BucketSpec, now: u64) -> Option<Self> {
-        if spec.size == 0 || spec.refill_time_ms == 0 {
+    pub fn new(spec: TokenBucketConfig, now: u64) -> Option<Self> {
+        if !spec.limits() {
             return None;
         }
         Some(TokenBucket {
             spec,
             budget: spec.size,
             debt: 0,
-            burst: spec.one_time_burst,
+            burst: spec.one_time_burst.unwrap_or(0),
             counted_until: now,
         })
     }
 
-    pub fn spec(&self) -> BucketSpec {
+    pub fn spec(&self) -> TokenBucketConfig {
         self.spec
     }
 
@@ -58,7 +81,7 @@ impl TokenBucket {
     }
 
     fn refill_ns(&self) -> u128 {
-        u128::from(self.spec.refill_time_ms) * 1_000_000
+        u128::from(self.spec.refill_time) * 1_000_000
     }
 
     /// Adds the tokens earned since the last call. A clock that went backwards restarts the
@@ -144,10 +167,10 @@ mod tests {
     const S: u64 = 1_000 * MS;
 
     fn bucket(size: u64, burst: u64, refill_ms: u64) -> TokenBucket {
-        let spec = BucketSpec {
+        let spec = TokenBucketConfig {
             size,
-            one_time_burst: burst,
-            refill_time_ms: refill_ms,
+            one_time_burst: Some(burst),
+            refill_time: refill_ms,
         };
         TokenBucket::new(spec, 0).unwrap()
     }
@@ -155,10 +178,10 @@ mod tests {
     #[test]
     fn zero_size_or_refill_time_means_no_limit() {
         for (size, refill) in [(0, 1000), (1000, 0), (0, 0)] {
-            let spec = BucketSpec {
+            let spec = TokenBucketConfig {
                 size,
-                one_time_burst: 5,
-                refill_time_ms: refill,
+                one_time_burst: Some(5),
+                refill_time: refill,
             };
             assert_eq!(TokenBucket::new(spec, 0), None);
         }

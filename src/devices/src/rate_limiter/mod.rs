@@ -10,7 +10,7 @@ mod bucket;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-pub use bucket::{BucketSpec, TokenBucket};
+pub use bucket::{TokenBucket, TokenBucketConfig};
 use vmm_sys_util::timerfd::TimerFd;
 
 /// A change to one bucket of a running limiter (`PATCH` after boot).
@@ -21,14 +21,65 @@ pub enum BucketUpdate {
     /// Remove the bucket: no limit of that kind.
     Disable,
     /// A new, full bucket.
-    Set(BucketSpec),
+    Set(TokenBucketConfig),
 }
 
-/// The limits of one device queue, as configured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LimiterSpec {
-    pub bandwidth: Option<BucketSpec>,
-    pub ops: Option<BucketSpec>,
+/// The limits of one device queue: Firecracker's `RateLimiter` body, a `bandwidth` bucket
+/// (bytes) and an `ops` bucket (requests). A bucket left out, or one of size 0, limits
+/// nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimiterConfig {
+    #[serde(default)]
+    pub bandwidth: Option<TokenBucketConfig>,
+    #[serde(default)]
+    pub ops: Option<TokenBucketConfig>,
+}
+
+/// A bucket with tokens that would refill infinitely fast: Firecracker silently drops that
+/// limit, Ember refuses it, since it cannot be what the caller meant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the {what} bucket has size {size} but refill_time 0: refill_time is the milliseconds it takes to refill the bucket and must be at least 1 (a bucket of size 0 sets no limit)")]
+pub struct RefillTimeError {
+    pub what: &'static str,
+    pub size: u64,
+}
+
+impl RateLimiterConfig {
+    pub fn validate(&self) -> Result<(), RefillTimeError> {
+        for (what, bucket) in [("bandwidth", &self.bandwidth), ("ops", &self.ops)] {
+            if let Some(b) = bucket {
+                b.validate(what)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What a `PATCH` does to a running limiter: a bucket left out stays as it is, a bucket
+    /// that limits nothing is removed, any other replaces the old one.
+    pub fn updates(&self) -> (BucketUpdate, BucketUpdate) {
+        let update = |bucket: Option<TokenBucketConfig>| match bucket {
+            None => BucketUpdate::Keep,
+            Some(b) if !b.limits() => BucketUpdate::Disable,
+            Some(b) => BucketUpdate::Set(b),
+        };
+        (update(self.bandwidth), update(self.ops))
+    }
+
+    /// The limiter `current` after `patch`, as `GET /vm/config` shows it (None: no limit).
+    pub fn patched(current: Option<Self>, patch: &Self) -> Option<Self> {
+        let keep = |new: Option<TokenBucketConfig>, old| match new {
+            None => old,
+            Some(b) if !b.limits() => None,
+            Some(b) => Some(b),
+        };
+        let old = current.unwrap_or_default();
+        let merged = RateLimiterConfig {
+            bandwidth: keep(patch.bandwidth, old.bandwidth),
+            ops: keep(patch.ops, old.ops),
+        };
+        (merged != RateLimiterConfig::default()).then_some(merged)
+    }
 }
 
 #[derive(Debug)]
@@ -44,7 +95,7 @@ pub struct RateLimiter {
 const MIN_WAIT: Duration = Duration::from_micros(100);
 
 impl RateLimiter {
-    pub fn new(spec: LimiterSpec) -> std::io::Result<Self> {
+    pub fn new(spec: RateLimiterConfig) -> std::io::Result<Self> {
         let timer = TimerFd::new().map_err(std::io::Error::from)?;
         let epoch = Instant::now();
         Ok(RateLimiter {
@@ -136,9 +187,9 @@ impl RateLimiter {
         }
     }
 
-    /// The buckets as configured now.
-    pub fn spec(&self) -> LimiterSpec {
-        LimiterSpec {
+    /// The buckets in force now.
+    pub fn spec(&self) -> RateLimiterConfig {
+        RateLimiterConfig {
             bandwidth: self.bandwidth.as_ref().map(TokenBucket::spec),
             ops: self.ops.as_ref().map(TokenBucket::spec),
         }
@@ -155,17 +206,17 @@ impl AsRawFd for RateLimiter {
 mod tests {
     use super::*;
 
-    fn spec(size: u64, refill_ms: u64) -> Option<BucketSpec> {
-        Some(BucketSpec {
+    fn spec(size: u64, refill_ms: u64) -> Option<TokenBucketConfig> {
+        Some(TokenBucketConfig {
             size,
-            one_time_burst: 0,
-            refill_time_ms: refill_ms,
+            one_time_burst: None,
+            refill_time: refill_ms,
         })
     }
 
     #[test]
     fn both_buckets_give_or_neither_does() {
-        let mut rl = RateLimiter::new(LimiterSpec {
+        let mut rl = RateLimiter::new(RateLimiterConfig {
             bandwidth: spec(1000, 100_000),
             ops: spec(2, 100_000),
         })
@@ -185,7 +236,7 @@ mod tests {
     #[test]
     fn a_throttled_limiter_fires_its_timer_when_tokens_are_back() {
         // 1000 bytes per 100 ms: 100 bytes take 10 ms.
-        let mut rl = RateLimiter::new(LimiterSpec {
+        let mut rl = RateLimiter::new(RateLimiterConfig {
             bandwidth: spec(1000, 100),
             ops: None,
         })
@@ -201,8 +252,64 @@ mod tests {
 
     #[test]
     fn no_buckets_limit_nothing() {
-        let mut rl = RateLimiter::new(LimiterSpec::default()).unwrap();
+        let mut rl = RateLimiter::new(RateLimiterConfig::default()).unwrap();
         assert!(!rl.is_limiting());
         assert!(rl.consume(u64::MAX, u64::MAX));
+    }
+
+    fn bucket(size: u64, refill_time: u64) -> Option<TokenBucketConfig> {
+        Some(TokenBucketConfig {
+            size,
+            one_time_burst: None,
+            refill_time,
+        })
+    }
+
+    #[test]
+    fn config_size_zero_is_no_limit_and_refill_zero_with_tokens_is_refused() {
+        let none = RateLimiterConfig {
+            bandwidth: bucket(0, 0),
+            ops: bucket(0, 100),
+        };
+        assert!(none.validate().is_ok());
+        assert!(RateLimiter::new(none).unwrap().spec() == RateLimiterConfig::default());
+        let bad = RateLimiterConfig {
+            bandwidth: None,
+            ops: bucket(10, 0),
+        };
+        assert_eq!(
+            bad.validate().unwrap_err().to_string(),
+            "the ops bucket has size 10 but refill_time 0: refill_time is the milliseconds it takes to refill the bucket and must be at least 1 (a bucket of size 0 sets no limit)"
+        );
+    }
+
+    #[test]
+    fn a_patch_keeps_what_it_leaves_out_and_removes_a_zero_bucket() {
+        let old = RateLimiterConfig {
+            bandwidth: bucket(1000, 100),
+            ops: bucket(10, 100),
+        };
+        let patch = RateLimiterConfig {
+            bandwidth: None,
+            ops: bucket(0, 0),
+        };
+        assert_eq!(patch.updates(), (BucketUpdate::Keep, BucketUpdate::Disable));
+        assert_eq!(
+            RateLimiterConfig::patched(Some(old), &patch),
+            Some(RateLimiterConfig {
+                bandwidth: bucket(1000, 100),
+                ops: None
+            })
+        );
+        let clear = RateLimiterConfig {
+            bandwidth: bucket(0, 0),
+            ops: None,
+        };
+        assert_eq!(
+            RateLimiterConfig::patched(Some(old), &clear)
+                .unwrap()
+                .bandwidth,
+            None
+        );
     }
 }

@@ -11,6 +11,7 @@ mod reaper;
 mod rootfs;
 mod runtime;
 mod stats;
+mod sys;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};

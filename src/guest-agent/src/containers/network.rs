@@ -48,7 +48,7 @@ pub fn configure(
             .ok_or_else(|| format!("{mac:?} is not a unicast MAC address (aa:bb:cc:dd:ee:ff)"))?;
         // virtio-net takes a new address only while the interface is down.
         ip_cmd(&["link", "set", interface, "down"])?;
-        set_mac(interface, bytes)?;
+        super::sys::set_mac(interface, bytes)?;
     }
     ip_cmd(&["link", "set", interface, "mtu", &mtu.to_string(), "up"])?;
     ip_cmd(&["addr", "flush", "dev", interface])?;
@@ -68,40 +68,6 @@ fn unicast_mac(mac: &str) -> Option<[u8; 6]> {
         *byte = u8::from_str_radix(part, 16).ok()?;
     }
     (parts.next().is_none() && bytes[0] & 1 == 0).then_some(bytes)
-}
-
-/// SIOCSIFHWADDR on an inet socket: busybox's `ip link set address` needs packet sockets,
-/// which the guest kernel leaves out.
-fn set_mac(interface: &str, mac: [u8; 6]) -> Result<(), String> {
-    const SIOCSIFHWADDR: libc::c_ulong = 0x8924;
-    const ARPHRD_ETHER: libc::sa_family_t = 1;
-    // SAFETY: an all-zero ifreq is a valid value of this plain C struct.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (to, from) in req.ifr_name.iter_mut().zip(interface.bytes()) {
-        *to = from as libc::c_char;
-    }
-    // SAFETY: writing the union's hwaddr member, which the ioctl reads.
-    unsafe {
-        req.ifr_ifru.ifru_hwaddr.sa_family = ARPHRD_ETHER;
-        for (to, from) in req.ifr_ifru.ifru_hwaddr.sa_data.iter_mut().zip(mac) {
-            *to = from as libc::c_char;
-        }
-    }
-    // SAFETY: a new socket owned by nothing else; closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(format!("socket: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: `req` is a complete ifreq (the name is NUL-terminated: at most 15 bytes were
-    // copied into 16 zeroed ones) that outlives the call.
-    let rc = unsafe { libc::ioctl(fd, SIOCSIFHWADDR as _, &req) };
-    let err = std::io::Error::last_os_error();
-    // SAFETY: `fd` is ours and closed once.
-    unsafe { libc::close(fd) };
-    if rc != 0 {
-        return Err(format!("cannot give {interface} the MAC address: {err}"));
-    }
-    Ok(())
 }
 
 fn ip_cmd(args: &[&str]) -> Result<(), String> {

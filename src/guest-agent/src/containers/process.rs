@@ -3,7 +3,6 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::protocol::{StateReply, Status, Stream};
@@ -119,10 +118,7 @@ impl Process {
             return Err("the process has already exited".into());
         }
         let pid = self.pid() as libc::pid_t;
-        // SAFETY: kill(2) with a pid and a signal number; nothing is borrowed.
-        if unsafe { libc::kill(pid, signal) } != 0 {
-            return Err(format!("kill: {}", std::io::Error::last_os_error()));
-        }
+        super::sys::kill(pid, signal).map_err(|e| format!("kill: {e}"))?;
         Ok(())
     }
 
@@ -136,16 +132,7 @@ impl Process {
     pub fn resize(&self, width: u16, height: u16) -> Result<(), String> {
         let terminal = self.terminal.lock().unwrap_or_else(|e| e.into_inner());
         let terminal = terminal.as_ref().ok_or("the process has no terminal")?;
-        let size = libc::winsize {
-            ws_row: height,
-            ws_col: width,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: TIOCSWINSZ reads one winsize, which `size` is, from a terminal's master.
-        if unsafe { libc::ioctl(terminal.as_raw_fd(), libc::TIOCSWINSZ, &size) } != 0 {
-            return Err(format!("resize: {}", std::io::Error::last_os_error()));
-        }
+        super::sys::set_window_size(terminal, width, height).map_err(|e| format!("resize: {e}"))?;
         Ok(())
     }
 
@@ -231,6 +218,5 @@ pub fn copy_out(mut from: File, mut conn: File) {
             break;
         }
     }
-    // SAFETY: shutdown(2) on a socket `conn` owns.
-    unsafe { libc::shutdown(conn.as_raw_fd(), libc::SHUT_WR) };
+    super::sys::shutdown_write(&conn);
 }

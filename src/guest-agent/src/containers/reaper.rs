@@ -37,22 +37,16 @@ fn reaper() -> &'static Reaper {
 
 /// Makes this process the subreaper and starts the reaping thread.
 pub fn start() -> std::io::Result<()> {
-    // SAFETY: prctl with an integer argument; no memory is passed.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    super::sys::become_subreaper()?;
     let r = reaper();
     std::thread::spawn(move || loop {
         let seen = *r.spawns.lock().unwrap_or_else(|e| e.into_inner());
-        let mut status = 0;
-        // SAFETY: waits for any child; `status` is a valid out-pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if pid <= 0 {
+        let Some((pid, status)) = super::sys::wait_any() else {
             // No children (ECHILD): sleep until one is started.
             let spawns = r.spawns.lock().unwrap_or_else(|e| e.into_inner());
             drop(r.spawned.wait_while(spawns, |n| *n == seen));
             continue;
-        }
+        };
         let code = exit_code(status);
         let mut exits = r.exits.lock().unwrap_or_else(|e| e.into_inner());
         exits.status.insert(pid as u32, code);

@@ -3,11 +3,11 @@
 //! on a writable disk (`upper`), so that many containers share one image and each writes
 //! only its own disk.
 
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::protocol::{Disk, Rootfs};
+use super::sys;
 
 /// How long a disk may take to reach the size the host announced.
 const RESIZE_WAIT: Duration = Duration::from_secs(10);
@@ -37,7 +37,7 @@ pub fn mount(rootfs: &Rootfs, bundle: &Path) -> Result<(), String> {
             dirs.display(),
             work.display()
         );
-        mount_raw("overlay", &root, "overlay", 0, &data)
+        sys::mount("overlay", &root, "overlay", 0, &data)
     };
     layered().inspect_err(|_| unmount(bundle))
 }
@@ -46,10 +46,7 @@ pub fn mount(rootfs: &Rootfs, bundle: &Path) -> Result<(), String> {
 /// file there does not keep the bundle from going).
 pub fn unmount(bundle: &Path) {
     for dir in ["rootfs", "upper", "lower"] {
-        if let Ok(path) = CString::new(bundle.join(dir).to_string_lossy().as_bytes()) {
-            // SAFETY: a NUL-terminated path that outlives the call.
-            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-        }
+        sys::unmount_detached(&bundle.join(dir));
     }
 }
 
@@ -68,7 +65,7 @@ fn mount_disk(disk: &Disk, at: &Path) -> Result<(), String> {
             other => data.push(other),
         }
     }
-    mount_raw(
+    sys::mount(
         &device.to_string_lossy(),
         at,
         &disk.fstype,
@@ -76,31 +73,6 @@ fn mount_disk(disk: &Disk, at: &Path) -> Result<(), String> {
         &data.join(","),
     )
     .map_err(|e| format!("cannot mount {} ({}): {e}", disk.device, disk.fstype))
-}
-
-fn mount_raw(
-    source: &str,
-    at: &Path,
-    fstype: &str,
-    flags: libc::c_ulong,
-    data: &str,
-) -> Result<(), String> {
-    let c = |s: &str| CString::new(s).map_err(|_| format!("{s:?} has a NUL byte"));
-    let (source, dir, fstype, data) = (c(source)?, c(&at.to_string_lossy())?, c(fstype)?, c(data)?);
-    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
-    let rc = unsafe {
-        libc::mount(
-            source.as_ptr(),
-            dir.as_ptr(),
-            fstype.as_ptr(),
-            flags,
-            data.as_ptr().cast(),
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error().to_string());
-    }
-    Ok(())
 }
 
 /// The device node of `disk`, once it has its announced size, with no page of the file it
@@ -139,7 +111,9 @@ fn device(disk: &Disk) -> Result<PathBuf, String> {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    flush_cache(&dev)?;
+    let file = std::fs::File::open(&dev).map_err(|e| format!("{}: {e}", dev.display()))?;
+    sys::flush_block_cache(&file)
+        .map_err(|e| format!("cannot drop the cached blocks of {}: {e}", dev.display()))?;
     Ok(dev)
 }
 
@@ -153,21 +127,4 @@ fn by_serial(id: &str) -> Result<String, String> {
         }
     }
     Err(format!("no disk has the ID {id:?}"))
-}
-
-/// Drops the device's cached blocks: after a `PATCH /drives` they belong to the old file.
-fn flush_cache(dev: &Path) -> Result<(), String> {
-    use std::os::fd::AsRawFd;
-    const BLKFLSBUF: libc::c_int = 0x1261;
-    let file = std::fs::File::open(dev).map_err(|e| format!("{}: {e}", dev.display()))?;
-    // SAFETY: BLKFLSBUF takes no argument and touches no memory of ours.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKFLSBUF as _, 0) };
-    if rc != 0 {
-        return Err(format!(
-            "cannot drop the cached blocks of {}: {}",
-            dev.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
 }

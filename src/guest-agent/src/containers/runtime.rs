@@ -3,7 +3,6 @@
 //! adapted to the guest) and the runtime's log; crun keeps its own state under [`CRUN_ROOT`].
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio as Std};
@@ -94,20 +93,7 @@ fn nothing() -> [Std; 3] {
 
 /// Pipes for a process without a terminal: the child's ends, and the agent's.
 fn pipes() -> ([Std; 3], Stdio) {
-    let pair = || -> std::io::Result<(File, File)> {
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 fills `fds` with two new descriptors.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: both descriptors were just made and nothing else owns them.
-        Ok(unsafe {
-            (
-                <File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]),
-                <File as std::os::fd::FromRawFd>::from_raw_fd(fds[1]),
-            )
-        })
-    };
+    let pair = super::sys::pipe;
     match (pair(), pair(), pair()) {
         (Ok((in_r, in_w)), Ok((out_r, out_w)), Ok((err_r, err_w))) => (
             [in_r.into(), out_w.into(), err_w.into()],

@@ -20,7 +20,7 @@ use event_manager::MutEventSubscriber;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{BuildError, Console, Context};
-use crate::config::{DriveConfig, NetworkInterfaceConfig, RateLimiterConfig, SerialConfig};
+use crate::config::{DriveConfig, NetworkInterfaceConfig, SerialConfig};
 use crate::event_loop::{ResetWatcher, Subscriber};
 use crate::memory::GuestMemory;
 use crate::microvm::Devices;
@@ -158,7 +158,7 @@ pub(super) fn attach_devices(
     }
     if let Some(entropy) = resources.entropy() {
         let config = EntropyConfig {
-            limiter: RateLimiterConfig::spec(entropy.rate_limiter.as_ref()),
+            limiter: entropy.rate_limiter.unwrap_or_default(),
             metrics: metrics.entropy.clone(),
         };
         let rng = Entropy::new(&config).map_err(BuildError::EventFd)?;
@@ -230,9 +230,7 @@ fn attach_legacy(
             (output, input)
         }
     };
-    let limit = serial_config
-        .and_then(|c| c.rate_limiter.as_ref())
-        .and_then(|b| b.spec());
+    let limit = serial_config.and_then(|c| c.rate_limiter);
     let output = SerialOutput::new(output, metrics.uart.clone()).with_limit(limit);
     let serial = match saved {
         Some(saved) => Serial::restored(serial_irq, Box::new(output), input, saved)
@@ -265,7 +263,7 @@ fn block_config(drive: &DriveConfig, metrics: &telemetry::Metrics) -> BlockConfi
         read_only: drive.is_read_only,
         cache: drive.cache_type,
         engine: drive.io_engine,
-        limiter: RateLimiterConfig::spec(drive.rate_limiter.as_ref()),
+        limiter: drive.rate_limiter.unwrap_or_default(),
         metrics: metrics.block(&drive.drive_id),
     }
 }
@@ -291,8 +289,8 @@ fn net_config(
         guest_mac: iface.guest_mac.map(|m| m.0),
         mtu: iface.mtu.map(|m| m as u16),
         mmds,
-        rx_limiter: RateLimiterConfig::spec(iface.rx_rate_limiter.as_ref()),
-        tx_limiter: RateLimiterConfig::spec(iface.tx_rate_limiter.as_ref()),
+        rx_limiter: iface.rx_rate_limiter.unwrap_or_default(),
+        tx_limiter: iface.tx_rate_limiter.unwrap_or_default(),
         metrics: metrics.net(&iface.iface_id),
     }
 }

@@ -15,7 +15,7 @@ pub struct EntropyDeviceConfig {
 impl EntropyDeviceConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match &self.rate_limiter {
-            Some(limiter) => limiter.validate(),
+            Some(limiter) => Ok(limiter.validate()?),
             None => Ok(()),
         }
     }

@@ -178,8 +178,8 @@ pub enum ConfigError {
     MmdsAddress(std::net::Ipv4Addr),
     #[error("the MMDS data could not be stored: {0}")]
     Mmds(#[from] ::mmds::StoreError),
-    #[error("the {what} bucket has size {size} but refill_time 0: refill_time is the milliseconds it takes to refill the bucket and must be at least 1 (a bucket of size 0 sets no limit)")]
-    RefillTime { what: &'static str, size: u64 },
+    #[error("{0}")]
+    RefillTime(#[from] devices::rate_limiter::RefillTimeError),
     #[error("the kernel command line must not contain a NUL byte")]
     BootArgsNul,
     #[error("the vsock guest_cid must be at least 3 (0 to 2 are reserved), not {0}")]

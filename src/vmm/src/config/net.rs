@@ -74,9 +74,10 @@ fn validate_limiters(
     rx: Option<&RateLimiterConfig>,
     tx: Option<&RateLimiterConfig>,
 ) -> Result<(), ConfigError> {
-    rx.into_iter()
+    Ok(rx
+        .into_iter()
         .chain(tx)
-        .try_for_each(RateLimiterConfig::validate)
+        .try_for_each(RateLimiterConfig::validate)?)
 }
 
 impl NetworkInterfaceConfig {

@@ -11,7 +11,6 @@ pub mod rebase;
 mod restore;
 pub mod state;
 pub mod uffd;
-pub mod uffd_handler;
 
 pub use memory_file::{write_diff_memory, write_memory};
 pub use restore::restore;

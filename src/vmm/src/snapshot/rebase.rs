@@ -3,8 +3,9 @@
 //! then is the Full memory file of the diff's snapshot.
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+
+use crate::sys::seek_data_or_hole;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RebaseError {
@@ -17,22 +18,6 @@ pub enum RebaseError {
     Size { base: u64, diff: u64 },
     #[error("cannot copy the diff's pages onto the base: {0}")]
     Copy(#[source] std::io::Error),
-}
-
-/// The next offset at or after `from` where `file` has data (`SEEK_DATA`) or a hole
-/// (`SEEK_HOLE`); None past the last data.
-fn seek(file: &File, from: u64, whence: i32) -> std::io::Result<Option<u64>> {
-    let from = i64::try_from(from).map_err(std::io::Error::other)?;
-    // SAFETY: lseek(2) on a descriptor `file` owns; it moves only that file's offset.
-    let at = unsafe { libc::lseek(file.as_raw_fd(), from, whence) };
-    if at < 0 {
-        let e = std::io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENXIO) => Ok(None),
-            _ => Err(e),
-        };
-    }
-    Ok(Some(at as u64))
 }
 
 /// Copies the data of `diff_path` onto `base_path`; returns the bytes copied.
@@ -57,8 +42,10 @@ pub fn rebase(base_path: &str, diff_path: &str) -> Result<u64, RebaseError> {
     let mut copied = 0;
     let mut at = 0;
     let mut buf = vec![0u8; 1 << 20];
-    while let Some(start) = seek(&diff, at, libc::SEEK_DATA).map_err(RebaseError::Copy)? {
-        let end = seek(&diff, start, libc::SEEK_HOLE)
+    while let Some(start) =
+        seek_data_or_hole(&diff, at, libc::SEEK_DATA).map_err(RebaseError::Copy)?
+    {
+        let end = seek_data_or_hole(&diff, start, libc::SEEK_HOLE)
             .map_err(RebaseError::Copy)?
             .unwrap_or(diff_len);
         let mut pos = start;

@@ -141,10 +141,7 @@ pub fn restore_vcpu(vcpu: &VcpuFd, index: u8, state: &VcpuState) -> Result<(), S
     vcpu.set_regs(&state.regs).map_err(set("registers"))?;
     vcpu.set_sregs(&state.sregs)
         .map_err(set("system registers"))?;
-    // SAFETY: Ember never asks for dynamically enabled XSTATE features
-    // (arch_prctl(ARCH_REQ_XCOMP_GUEST_PERM)), so KVM copies only the 4,096-byte `kvm_xsave`
-    // this reference points to.
-    unsafe { vcpu.set_xsave(&state.xsave) }.map_err(set("extended state (xsave)"))?;
+    crate::sys::set_xsave(vcpu, &state.xsave).map_err(set("extended state (xsave)"))?;
     // A host without XSAVE has no XCRs: KVM saves none and refuses to set any.
     if state.xcrs.nr_xcrs > 0 {
         vcpu.set_xcrs(&state.xcrs).map_err(set("XCRs"))?;

@@ -4,7 +4,8 @@
 //! memory regions (`base_host_virt_addr`, `size`, `offset` in the memory file, `page_size`).
 //! The handler then fills each page the guest first touches (UFFDIO_COPY).
 //!
-//! A handler's side is in [`super::uffd_handler`].
+//! A handler's side (the tests') is in the test-support crate; the kernel's structures and
+//! constants are public for it.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -25,13 +26,13 @@ const HANDLER_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 const UFFD_API: u64 = 0xaa;
 const UFFD_FEATURE_EVENT_REMOVE: u64 = 1 << 3;
 const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
-pub(super) const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
-pub(super) const UFFD_EVENT_REMOVE: u8 = 0x15;
+pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+pub const UFFD_EVENT_REMOVE: u8 = 0x15;
 /// `_IOWR(0xAA, nr, size)`.
 const UFFDIO_API: libc::Ioctl = 0xc018_aa3f_u32 as libc::Ioctl;
 const UFFDIO_REGISTER: libc::Ioctl = 0xc020_aa00_u32 as libc::Ioctl;
-pub(super) const UFFDIO_COPY: libc::Ioctl = 0xc028_aa03_u32 as libc::Ioctl;
-pub(super) const UFFDIO_ZEROPAGE: libc::Ioctl = 0xc020_aa04_u32 as libc::Ioctl;
+pub const UFFDIO_COPY: libc::Ioctl = 0xc028_aa03_u32 as libc::Ioctl;
+pub const UFFDIO_ZEROPAGE: libc::Ioctl = 0xc020_aa04_u32 as libc::Ioctl;
 
 #[repr(C)]
 #[derive(Debug, Default)]
@@ -43,9 +44,9 @@ struct UffdioApi {
 
 #[repr(C)]
 #[derive(Debug, Default)]
-pub(super) struct UffdioRange {
-    pub(super) start: u64,
-    pub(super) len: u64,
+pub struct UffdioRange {
+    pub start: u64,
+    pub len: u64,
 }
 
 #[repr(C)]
@@ -58,29 +59,29 @@ struct UffdioRegister {
 
 #[repr(C)]
 #[derive(Debug, Default)]
-pub(super) struct UffdioCopy {
-    pub(super) dst: u64,
-    pub(super) src: u64,
-    pub(super) len: u64,
-    pub(super) mode: u64,
-    pub(super) copy: i64,
+pub struct UffdioCopy {
+    pub dst: u64,
+    pub src: u64,
+    pub len: u64,
+    pub mode: u64,
+    pub copy: i64,
 }
 
 #[repr(C)]
 #[derive(Debug, Default)]
-pub(super) struct UffdioZeropage {
-    pub(super) range: UffdioRange,
-    pub(super) mode: u64,
-    pub(super) zeropage: i64,
+pub struct UffdioZeropage {
+    pub range: UffdioRange,
+    pub mode: u64,
+    pub zeropage: i64,
 }
 
 /// `struct uffd_msg`: the event, then (for a page fault) flags and address.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
-pub(super) struct UffdMsg {
-    pub(super) event: u8,
-    pub(super) reserved: [u8; 7],
-    pub(super) arg: [u64; 3],
+pub struct UffdMsg {
+    pub event: u8,
+    pub reserved: [u8; 7],
+    pub arg: [u64; 3],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +115,7 @@ pub struct RegionMapping {
 }
 
 /// Wraps an ioctl on a userfaultfd with a `repr(C)` argument.
-pub(super) fn uffd_ioctl<T>(fd: RawFd, request: libc::Ioctl, arg: &mut T) -> std::io::Result<()> {
+pub fn uffd_ioctl<T>(fd: RawFd, request: libc::Ioctl, arg: &mut T) -> std::io::Result<()> {
     // SAFETY: `fd` is a userfaultfd and `request` one of the userfaultfd ioctls whose argument
     // is exactly `T` (the repr(C) copies of the kernel's structs above); the kernel reads and
     // writes only that struct, which `arg` borrows mutably for the call.

@@ -208,10 +208,7 @@ impl Vcpu {
         let thread = std::thread::Builder::new()
             .name(format!("ember_vcpu{index}"))
             .spawn(move || match filters.install(seccomp::Thread::Vcpu) {
-                Ok(()) => {
-                    test_hook::forbidden_syscall();
-                    self.run();
-                }
+                Ok(()) => self.run(),
                 Err(e) => self
                     .exit
                     .report(VmExit::VcpuError(format!("vCPU {index}: {e}"))),
@@ -282,19 +279,4 @@ fn hold_until_exit(vcpu: Vcpu) -> ! {
     loop {
         std::thread::park();
     }
-}
-
-/// Debug builds only: with `EMBER_TEST_VCPU_SYSCALL=socket` in its environment, a vCPU thread
-/// makes a system call its filter forbids (`socket`), right after installing it, so that the
-/// tests can see seccomp stop ember. Release builds have no such hook.
-mod test_hook {
-    #[cfg(debug_assertions)]
-    pub fn forbidden_syscall() {
-        if std::env::var_os("EMBER_TEST_VCPU_SYSCALL").is_some_and(|v| v == "socket") {
-            let _ = std::net::UdpSocket::bind("127.0.0.1:0");
-        }
-    }
-
-    #[cfg(not(debug_assertions))]
-    pub fn forbidden_syscall() {}
 }

@@ -3,14 +3,9 @@
 //! that the cost of a boot can be broken down by exit reason (see docs/pvm.md).
 
 use std::fs::File;
-use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
 
 use kvm_ioctls::VcpuFd;
-use vmm_sys_util::ioctl::ioctl;
-use vmm_sys_util::ioctl_io_nr;
-
-ioctl_io_nr!(KVM_GET_STATS_FD, kvm_bindings::KVMIO, 0xce);
 
 /// The file KVM_GET_STATS_FD opened for one vCPU.
 #[derive(Debug)]
@@ -26,14 +21,7 @@ const MAX_FILE: usize = 1 << 20;
 impl VcpuStats {
     /// Opens the counters of `vcpu`, or None when this KVM has none (before Linux 5.14).
     pub fn open(vcpu: &VcpuFd) -> Option<Self> {
-        // SAFETY: KVM_GET_STATS_FD takes no argument and only returns a new file descriptor
-        // (or -1); `vcpu` is a valid vCPU descriptor for the duration of the call.
-        let fd = unsafe { ioctl(vcpu, KVM_GET_STATS_FD()) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: `fd` was just returned by KVM and nothing else owns it.
-        let file = unsafe { File::from_raw_fd(fd) };
+        let file = crate::sys::vcpu_stats_file(vcpu)?;
         Some(VcpuStats { file })
     }
 

@@ -127,7 +127,12 @@ impl HintingState {
                 let aligned = desc.addr().0 % 4096 == 0 && desc.len() % 4096 == 0;
                 let given = aligned
                     && desc.len() <= MAX_HINTED_BLOCK
-                    && super::discard(mem, desc.addr(), u64::from(desc.len()), host_page);
+                    && crate::sys::discard_guest_pages(
+                        mem,
+                        desc.addr(),
+                        u64::from(desc.len()),
+                        host_page,
+                    );
                 match given {
                     true => metrics.free_page_hint_freed.add(u64::from(desc.len())),
                     false => metrics.free_page_hint_fails.inc(),

@@ -21,7 +21,7 @@ use telemetry::BalloonMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
 use virtio_queue::{QueueState, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{Address, Bytes, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::timerfd::TimerFd;
 
@@ -93,36 +93,6 @@ impl std::fmt::Debug for Balloon {
             .field("actual_pages", &self.actual_pages)
             .finish()
     }
-}
-
-/// Gives the host back the whole host pages (of `host_page` bytes) in `[addr, addr + len)`
-/// (page-aligned, inside one region); false if the range is not guest RAM. On huge pages a
-/// range smaller than one gives nothing back: the guest's page stays in the host's, as in
-/// Firecracker.
-fn discard(mem: &GuestMemory, addr: GuestAddress, len: u64, host_page: u64) -> bool {
-    let Some(region) = mem.find_region(addr) else {
-        return false;
-    };
-    let offset = addr.0 - region.start_addr().0;
-    let Some(end) = offset.checked_add(len).filter(|&end| end <= region.len()) else {
-        return false;
-    };
-    // Regions start on a huge page boundary in guest and host address space alike.
-    let (offset, end) = (
-        offset.next_multiple_of(host_page),
-        end / host_page * host_page,
-    );
-    if offset >= end {
-        return true;
-    }
-    let len = end - offset;
-    let Ok(host) = region.get_host_address(vm_memory::MemoryRegionAddress(offset)) else {
-        return false;
-    };
-    // SAFETY: [host, host + len) lies inside this region's private anonymous mapping, which
-    // Ember made and keeps for the VM's life. MADV_DONTNEED only drops its pages: the next
-    // access, by the guest or by Ember, sees zeros. No Rust reference points into guest RAM.
-    unsafe { libc::madvise(host.cast(), len as usize, libc::MADV_DONTNEED) == 0 }
 }
 
 impl Balloon {
@@ -311,7 +281,7 @@ impl Balloon {
     }
 
     fn give_back(&self, mem: &GuestMemory, start: u64, len: u64) {
-        match discard(mem, GuestAddress(start), len, self.host_page_size) {
+        match crate::sys::discard_guest_pages(mem, GuestAddress(start), len, self.host_page_size) {
             true => self.metrics.inflate_count.add(len >> PFN_SHIFT),
             false => self.metrics.invalid_reqs_count.inc(),
         }
@@ -352,7 +322,7 @@ impl Balloon {
                 let ok = desc.is_write_only()
                     && aligned
                     && desc.len() <= MAX_REPORTED_RANGE
-                    && discard(
+                    && crate::sys::discard_guest_pages(
                         &active.mem,
                         desc.addr(),
                         u64::from(desc.len()),

@@ -245,12 +245,22 @@ fn on_huge_pages_only_whole_huge_pages_go_back() {
         touch(addr);
     }
     // A 4 KiB page and a range that covers no whole huge page: valid, nothing given back.
-    assert!(super::discard(&mem, GuestAddress(HUGE), 4096, HUGE));
-    assert!(super::discard(&mem, GuestAddress(HUGE - 4096), HUGE, HUGE));
+    assert!(crate::sys::discard_guest_pages(
+        &mem,
+        GuestAddress(HUGE),
+        4096,
+        HUGE
+    ));
+    assert!(crate::sys::discard_guest_pages(
+        &mem,
+        GuestAddress(HUGE - 4096),
+        HUGE,
+        HUGE
+    ));
     assert_eq!(byte(HUGE), 0xab);
     assert_eq!(byte(HUGE - 4096), 0xab);
     // From the page before a huge page to the page after it: only that huge page goes.
-    assert!(super::discard(
+    assert!(crate::sys::discard_guest_pages(
         &mem,
         GuestAddress(HUGE - 4096),
         HUGE + 8192,
@@ -261,7 +271,7 @@ fn on_huge_pages_only_whole_huge_pages_go_back() {
         [0xab, 0, 0, 0xab]
     );
     // Outside guest memory is still refused.
-    assert!(!super::discard(
+    assert!(!crate::sys::discard_guest_pages(
         &mem,
         GuestAddress(MEM_SIZE as u64),
         HUGE,

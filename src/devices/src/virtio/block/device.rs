@@ -23,7 +23,7 @@ use vmm_sys_util::epoll::EventSet;
 
 use super::io_uring::{Completion, Op, Ring};
 use super::request::{Request, RequestType, SECTOR_SIZE};
-use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
+use crate::rate_limiter::{BucketUpdate, RateLimiter, RateLimiterConfig};
 use crate::virtio::device::read_config_bytes;
 use crate::virtio::{GuestMemory, InterruptKind, VirtioCommon, VirtioDevice};
 
@@ -62,7 +62,7 @@ pub struct BlockConfig {
     pub read_only: bool,
     pub cache: CacheType,
     pub engine: IoEngine,
-    pub limiter: LimiterSpec,
+    pub limiter: RateLimiterConfig,
     pub metrics: Arc<BlockMetrics>,
 }
 
@@ -265,7 +265,7 @@ impl Block {
     }
 
     /// The limits in force, for tests.
-    pub fn limiter_spec(&self) -> LimiterSpec {
+    pub fn limiter_spec(&self) -> RateLimiterConfig {
         self.limiter.spec()
     }
 

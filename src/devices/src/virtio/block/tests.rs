@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 use telemetry::BlockMetrics;
 
 use super::{Block, BlockConfig, CacheType, IoEngine, Request, RequestError, RequestType};
-use crate::rate_limiter::{BucketSpec, BucketUpdate, LimiterSpec};
+use crate::rate_limiter::{BucketUpdate, RateLimiterConfig, TokenBucketConfig};
 use crate::virtio::test_utils::used;
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
@@ -66,13 +66,18 @@ fn memory() -> GuestMemory {
 }
 
 fn block(disk: &Disk, read_only: bool) -> Block {
-    limited_block(disk, read_only, LimiterSpec::default(), Arc::default())
+    limited_block(
+        disk,
+        read_only,
+        RateLimiterConfig::default(),
+        Arc::default(),
+    )
 }
 
 fn limited_block(
     disk: &Disk,
     read_only: bool,
-    limiter: LimiterSpec,
+    limiter: RateLimiterConfig,
     metrics: Arc<BlockMetrics>,
 ) -> Block {
     Block::new(&BlockConfig {
@@ -397,12 +402,12 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
     let mem = memory();
     let metrics = Arc::new(BlockMetrics::default());
     // Two requests at once, then one every 50 ms.
-    let ops = BucketSpec {
+    let ops = TokenBucketConfig {
         size: 2,
-        one_time_burst: 0,
-        refill_time_ms: 100,
+        one_time_burst: None,
+        refill_time: 100,
     };
-    let limiter = LimiterSpec {
+    let limiter = RateLimiterConfig {
         bandwidth: None,
         ops: Some(ops),
     };
@@ -467,7 +472,7 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
 
     // A PATCH that lifts the limit frees the queue at once.
     dev.update_limiter(BucketUpdate::Keep, BucketUpdate::Disable);
-    assert_eq!(dev.limiter_spec(), LimiterSpec::default());
+    assert_eq!(dev.limiter_spec(), RateLimiterConfig::default());
 }
 
 #[test]

@@ -24,7 +24,7 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, VNET_HDR_LEN};
-use crate::rate_limiter::{BucketUpdate, LimiterSpec, RateLimiter};
+use crate::rate_limiter::{BucketUpdate, RateLimiter, RateLimiterConfig};
 use crate::virtio::device::read_config_bytes;
 use crate::virtio::{GuestMemory, InterruptKind, IrqTrigger, VirtioCommon, VirtioDevice};
 
@@ -50,8 +50,8 @@ pub struct NetConfig {
     pub guest_mac: Option<[u8; 6]>,
     pub mtu: Option<u16>,
     pub mmds: Option<MmdsLink>,
-    pub rx_limiter: LimiterSpec,
-    pub tx_limiter: LimiterSpec,
+    pub rx_limiter: RateLimiterConfig,
+    pub tx_limiter: RateLimiterConfig,
     pub metrics: Arc<NetMetrics>,
 }
 
@@ -169,7 +169,7 @@ impl Net {
     }
 
     /// The limits in force (RX, TX), for tests.
-    pub fn limiter_specs(&self) -> (LimiterSpec, LimiterSpec) {
+    pub fn limiter_specs(&self) -> (RateLimiterConfig, RateLimiterConfig) {
         (self.rx_limiter.spec(), self.tx_limiter.spec())
     }
 

@@ -6,10 +6,8 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 
-/// `_IOW('T', 202, int)` and friends, from <linux/if_tun.h>.
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
-const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+use crate::sys;
+
 const IFF_TAP: libc::c_short = 0x0002;
 const IFF_NO_PI: libc::c_short = 0x1000;
 const IFF_VNET_HDR: libc::c_short = 0x4000;
@@ -41,14 +39,6 @@ pub enum TapError {
     },
 }
 
-/// `struct ifreq` as TUNSETIFF reads it: the name and the flags.
-#[repr(C)]
-struct IfReq {
-    name: [u8; libc::IFNAMSIZ],
-    flags: libc::c_short,
-    _pad: [u8; 22],
-}
-
 #[derive(Debug)]
 pub struct Tap {
     file: File,
@@ -67,7 +57,7 @@ impl Tap {
         }
         // TUNSETIFF would create a missing device for a privileged caller; Firecracker's
         // contract is that the host made the TAP, so a missing one is an error.
-        if !device_exists(name) {
+        if !sys::interface_exists(name) {
             return Err(TapError::NoSuchDevice(name.to_string()));
         }
         let file = OpenOptions::new()
@@ -76,30 +66,16 @@ impl Tap {
             .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open("/dev/net/tun")
             .map_err(TapError::OpenTun)?;
-        let mut req = IfReq {
-            name: [0; libc::IFNAMSIZ],
-            flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
-            _pad: [0; 22],
-        };
-        req.name[..name.len()].copy_from_slice(name.as_bytes());
-        // SAFETY: TUNSETIFF reads an ifreq, which `req` is laid out as; the kernel only reads
-        // and writes within it.
-        let rc = unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(&file, TUNSETIFF, &mut req) };
-        if rc < 0 {
-            return Err(TapError::Attach {
+        sys::tun_attach(&file, name, IFF_TAP | IFF_NO_PI | IFF_VNET_HDR).map_err(|source| {
+            TapError::Attach {
                 name: name.to_string(),
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        let size: libc::c_int = VNET_HDR_LEN as libc::c_int;
-        // SAFETY: TUNSETVNETHDRSZ reads one int from `size`.
-        let rc = unsafe { vmm_sys_util::ioctl::ioctl_with_ref(&file, TUNSETVNETHDRSZ, &size) };
-        if rc < 0 {
-            return Err(TapError::VnetHeader {
-                name: name.to_string(),
-                source: std::io::Error::last_os_error(),
-            });
-        }
+                source,
+            }
+        })?;
+        sys::tun_set_vnet_hdr_len(&file, VNET_HDR_LEN).map_err(|source| TapError::VnetHeader {
+            name: name.to_string(),
+            source,
+        })?;
         Ok(Tap {
             file,
             name: name.to_string(),
@@ -112,18 +88,7 @@ impl Tap {
 
     /// Which offloaded packets the host may hand us (TUN_F_*): only those the guest took.
     pub fn set_offload(&self, flags: u32) -> std::io::Result<()> {
-        // SAFETY: TUNSETOFFLOAD takes its argument by value and touches no memory of ours.
-        let rc = unsafe {
-            vmm_sys_util::ioctl::ioctl_with_val(
-                &self.file,
-                TUNSETOFFLOAD,
-                libc::c_ulong::from(flags),
-            )
-        };
-        match rc < 0 {
-            true => Err(std::io::Error::last_os_error()),
-            false => Ok(()),
-        }
+        sys::tun_set_offload(&self.file, flags)
     }
 
     /// Reads one frame (virtio-net header first); WouldBlock when there is none.
@@ -141,12 +106,4 @@ impl AsRawFd for Tap {
     fn as_raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
     }
-}
-
-fn device_exists(name: &str) -> bool {
-    let Ok(c_name) = std::ffi::CString::new(name) else {
-        return false;
-    };
-    // SAFETY: `c_name` is a valid NUL-terminated string for the duration of the call.
-    unsafe { libc::if_nametoindex(c_name.as_ptr()) != 0 }
 }

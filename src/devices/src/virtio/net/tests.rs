@@ -15,7 +15,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{MmdsLink, Net, NetConfig};
-use crate::rate_limiter::{BucketSpec, BucketUpdate, LimiterSpec};
+use crate::rate_limiter::{BucketUpdate, RateLimiterConfig, TokenBucketConfig};
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const NEXT: u16 = 1;
@@ -93,12 +93,12 @@ struct Rig {
 
 impl Rig {
     fn new(mmds: Option<MmdsLink>) -> Rig {
-        Rig::limited(mmds, LimiterSpec::default(), Arc::default())
+        Rig::limited(mmds, RateLimiterConfig::default(), Arc::default())
     }
 
     fn limited(
         mmds: Option<MmdsLink>,
-        tx_limiter: LimiterSpec,
+        tx_limiter: RateLimiterConfig,
         metrics: Arc<telemetry::NetMetrics>,
     ) -> Rig {
         let mem: &'static GuestMemory = Box::leak(Box::new(
@@ -112,7 +112,7 @@ impl Rig {
             guest_mac: Some([6, 0, 0, 0, 0, 2]),
             mtu: None,
             mmds,
-            rx_limiter: LimiterSpec::default(),
+            rx_limiter: RateLimiterConfig::default(),
             tx_limiter,
             metrics,
         })
@@ -334,16 +334,16 @@ fn a_throttled_tx_queue_sends_each_frame_once_when_tokens_come_back() {
     };
     let metrics = Arc::new(telemetry::NetMetrics::default());
     // Two frames at once, then one every 50 ms; and 1 MB of bandwidth that never binds.
-    let limiter = LimiterSpec {
-        bandwidth: Some(BucketSpec {
+    let limiter = RateLimiterConfig {
+        bandwidth: Some(TokenBucketConfig {
             size: 1 << 20,
-            one_time_burst: 0,
-            refill_time_ms: 1000,
+            one_time_burst: None,
+            refill_time: 1000,
         }),
-        ops: Some(BucketSpec {
+        ops: Some(TokenBucketConfig {
             size: 2,
-            one_time_burst: 0,
-            refill_time_ms: 100,
+            one_time_burst: None,
+            refill_time: 100,
         }),
     };
     let mut rig = Rig::limited(None, limiter, metrics.clone());

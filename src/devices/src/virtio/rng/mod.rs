@@ -13,7 +13,7 @@ use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory as _, Permissions};
 use vmm_sys_util::epoll::EventSet;
 
-use crate::rate_limiter::{LimiterSpec, RateLimiter};
+use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
 use crate::virtio::{GuestMemory, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
@@ -23,7 +23,7 @@ pub const MAX_REQUEST: u32 = 64 << 10;
 /// What the builder needs to make the entropy device.
 #[derive(Debug, Clone)]
 pub struct EntropyConfig {
-    pub limiter: LimiterSpec,
+    pub limiter: RateLimiterConfig,
     pub metrics: Arc<EntropyMetrics>,
 }
 

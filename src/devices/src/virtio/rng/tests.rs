@@ -12,7 +12,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{Entropy, EntropyConfig, MAX_REQUEST};
-use crate::rate_limiter::{BucketSpec, LimiterSpec};
+use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
 use crate::virtio::test_utils::used;
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
@@ -34,7 +34,7 @@ fn rig<'m>(
     mem: &'m GuestMemory,
     descs: &[RawDescriptor],
     heads: &[u16],
-    limiter: LimiterSpec,
+    limiter: RateLimiterConfig,
 ) -> (
     Entropy,
     MockSplitQueue<'m, GuestMemory>,
@@ -69,7 +69,7 @@ fn buffers_are_filled_with_random_bytes_and_requests_are_capped() {
         desc(BUF + 16, 48, WRITE, 0),
         desc(BUF + 4096, MAX_REQUEST + 4096, WRITE, 0),
     ];
-    let (mut dev, mq, metrics) = rig(&mem, &descs, &[0, 2], LimiterSpec::default());
+    let (mut dev, mq, metrics) = rig(&mem, &descs, &[0, 2], RateLimiterConfig::default());
     // Activation leaves the work to the VMM thread.
     assert!(used(&mem, &mq).is_empty());
     assert_eq!(dev.queue_events()[0].read().unwrap(), 1);
@@ -99,7 +99,7 @@ fn hostile_chains_get_nothing() {
         // A zero-length buffer: a valid request for nothing.
         desc(BUF, 0, WRITE, 0),
     ];
-    let (mut dev, mq, metrics) = rig(&mem, &descs, &[0, 1, 2, 3], LimiterSpec::default());
+    let (mut dev, mq, metrics) = rig(&mem, &descs, &[0, 1, 2, 3], RateLimiterConfig::default());
     dev.process_queue();
     assert_eq!(used(&mem, &mq), vec![(0, 0), (1, 0), (2, 0), (3, 0)]);
     assert_eq!(metrics.invalid_reqs_count.total(), 3);
@@ -112,12 +112,12 @@ fn the_rate_limiter_holds_requests_in_the_ring_until_its_timer() {
     let mem = memory();
     let descs: Vec<RawDescriptor> = (0..4).map(|i| desc(BUF + 64 * i, 64, WRITE, 0)).collect();
     // Two requests a 100 ms.
-    let ops = BucketSpec {
+    let ops = TokenBucketConfig {
         size: 2,
-        one_time_burst: 0,
-        refill_time_ms: 100,
+        one_time_burst: None,
+        refill_time: 100,
     };
-    let limiter = LimiterSpec {
+    let limiter = RateLimiterConfig {
         bandwidth: None,
         ops: Some(ops),
     };

@@ -311,13 +311,7 @@ pub fn handle_internal_error(fd: &mut VcpuFd, mem: &GuestMemory) -> Result<Kind,
 
 /// The suberror and data words KVM left in kvm_run for an internal-error exit.
 fn internal_error_data(fd: &mut VcpuFd) -> (u32, Vec<u64>) {
-    let run = fd.get_kvm_run();
-    // SAFETY: KVM filled the `internal` member of the exit union: this is only called right
-    // after KVM_RUN returned KVM_EXIT_INTERNAL_ERROR. The member is plain integers, valid for
-    // any bit pattern.
-    let internal = unsafe { run.__bindgen_anon_1.internal };
-    let n = (internal.ndata as usize).min(internal.data.len());
-    (internal.suberror, internal.data[..n].to_vec())
+    crate::sys::internal_error_data(fd.get_kvm_run())
 }
 
 #[cfg(test)]

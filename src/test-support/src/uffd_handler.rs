@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use super::uffd::{
+use vmm::snapshot::uffd::{
     uffd_ioctl, RegionMapping, UffdMsg, UffdioCopy, UffdioRange, UffdioZeropage, UFFDIO_COPY,
     UFFDIO_ZEROPAGE, UFFD_EVENT_PAGEFAULT, UFFD_EVENT_REMOVE,
 };
