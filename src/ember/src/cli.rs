@@ -71,12 +71,7 @@ pub enum Seccomp {
     File(String),
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum Command {
-    Run(Box<Args>),
-    Help,
-    Version,
-}
+pub type Command = flags::Command<Args>;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {

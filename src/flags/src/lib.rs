@@ -19,6 +19,14 @@ pub struct Spec {
     pub dashes_end_flags: bool,
 }
 
+/// What a command line asks for: a run with these arguments, or a help or version text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command<A> {
+    Run(Box<A>),
+    Help,
+    Version,
+}
+
 /// One flag as given; `value` is empty for a switch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Flag {

@@ -62,12 +62,7 @@ impl Args {
     }
 }
 
-#[derive(Debug)]
-pub enum Command {
-    Run(Box<Args>),
-    Help,
-    Version,
-}
+pub type Command = flags::Command<Args>;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use virtio_queue::{Queue, QueueState, QueueT};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueState, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{ActivateError, GuestMemory, InterruptKind, IrqTrigger};
@@ -26,7 +26,38 @@ impl std::fmt::Debug for Active {
     }
 }
 
+/// One request as a device finds it: the driver's chain of buffers in guest memory.
+pub type Chain<'a> = DescriptorChain<&'a GuestMemory>;
+
 impl Active {
+    /// Serves every chain the driver made available on `queue`, in order: `serve` says
+    /// how many bytes it wrote into each (the used length), or None to leave that chain in
+    /// the ring for later (a rate limiter's wait) and stop. The driver is interrupted once
+    /// if any chain was given back; true if any was.
+    pub fn serve_queue(
+        &mut self,
+        queue: usize,
+        mut serve: impl FnMut(&GuestMemory, Chain<'_>) -> Option<u32>,
+    ) -> bool {
+        let mut used_any = false;
+        let q = &mut self.queues[queue];
+        while let Some(chain) = q.pop_descriptor_chain(&self.mem) {
+            let head = chain.head_index();
+            let Some(used_len) = serve(&self.mem, chain) else {
+                q.go_to_previous_position();
+                break;
+            };
+            if q.add_used(&self.mem, head, used_len).is_err() {
+                log::debug!("virtio: the used ring of queue {queue} cannot be written");
+            }
+            used_any = true;
+        }
+        if used_any {
+            self.notify();
+        }
+        used_any
+    }
+
     /// Tells the driver that a used ring moved.
     pub fn notify(&self) {
         if let Err(e) = self.irq.trigger(InterruptKind::Queue) {

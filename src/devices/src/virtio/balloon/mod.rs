@@ -228,9 +228,7 @@ impl Balloon {
         let Some(mut active) = self.common.active.take() else {
             return false;
         };
-        let mut used_any = false;
-        while let Some(chain) = active.queues[queue].pop_descriptor_chain(&active.mem) {
-            let head = chain.head_index();
+        let used_any = active.serve_queue(queue, |mem, chain| {
             for desc in chain {
                 if desc.is_write_only() {
                     continue;
@@ -247,7 +245,7 @@ impl Balloon {
                     let Some(at) = desc.addr().checked_add(i * 4) else {
                         break;
                     };
-                    let Ok(pfn) = active.mem.read_obj::<u32>(at) else {
+                    let Ok(pfn) = mem.read_obj::<u32>(at) else {
                         self.metrics.invalid_reqs_count.inc();
                         break;
                     };
@@ -260,22 +258,18 @@ impl Balloon {
                         // Consecutive pages go in one madvise.
                         Some((start, len)) if start + len == page => Some((start, len + 4096)),
                         Some((start, len)) => {
-                            self.give_back(&active.mem, start, len);
+                            self.give_back(mem, start, len);
                             Some((page, 4096))
                         }
                         None => Some((page, 4096)),
                     };
                 }
                 if let Some((start, len)) = run {
-                    self.give_back(&active.mem, start, len);
+                    self.give_back(mem, start, len);
                 }
             }
-            let _ = active.queues[queue].add_used(&active.mem, head, 0);
-            used_any = true;
-        }
-        if used_any {
-            active.notify();
-        }
+            Some(0)
+        });
         self.common.active = Some(active);
         used_any
     }
@@ -314,16 +308,14 @@ impl Balloon {
         let (Some(queue), Some(mut active)) = (self.reporting, self.common.active.take()) else {
             return false;
         };
-        let mut used_any = false;
-        while let Some(chain) = active.queues[queue].pop_descriptor_chain(&active.mem) {
-            let head = chain.head_index();
+        let used_any = active.serve_queue(queue, |mem, chain| {
             for desc in chain {
                 let aligned = desc.addr().0 % 4096 == 0 && desc.len() % 4096 == 0;
                 let ok = desc.is_write_only()
                     && aligned
                     && desc.len() <= MAX_REPORTED_RANGE
                     && crate::sys::discard_guest_pages(
-                        &active.mem,
+                        mem,
                         desc.addr(),
                         u64::from(desc.len()),
                         self.host_page_size,
@@ -337,12 +329,8 @@ impl Balloon {
                     false => self.metrics.free_page_report_fails.inc(),
                 }
             }
-            let _ = active.queues[queue].add_used(&active.mem, head, 0);
-            used_any = true;
-        }
-        if used_any {
-            active.notify();
-        }
+            Some(0)
+        });
         self.common.active = Some(active);
         used_any
     }

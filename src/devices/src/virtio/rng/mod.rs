@@ -9,7 +9,6 @@ use event_manager::{EventOps, Events, MutEventSubscriber};
 use telemetry::EntropyMetrics;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
-use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemory as _, Permissions};
 use vmm_sys_util::epoll::EventSet;
 
@@ -85,37 +84,24 @@ impl Entropy {
         let Some(mut active) = self.common.active.take() else {
             return false;
         };
-        let mut used_any = false;
-        while let Some(chain) = active.queues[0].pop_descriptor_chain(&active.mem) {
-            let head = chain.head_index();
-            let used_len = match buffers(&active.mem, chain) {
+        let used_any = active.serve_queue(0, |mem, chain| {
+            match buffers(mem, chain) {
                 Ok(bufs) => {
                     let bytes: u64 = bufs.iter().map(|&(_, len)| u64::from(len)).sum();
                     if !self.limiter.consume(bytes, 1) {
-                        // Back into the ring: filled, once, when the limiter's timer fires.
-                        active.queues[0].go_to_previous_position();
+                        // Left in the ring: filled, once, when the limiter's timer fires.
                         self.metrics.entropy_rate_limiter_throttled.inc();
-                        break;
+                        return None;
                     }
-                    self.fill(&active.mem, &bufs)
+                    Some(self.fill(mem, &bufs))
                 }
                 Err(Bad::Buffer) => {
                     log::debug!("entropy: a request with a buffer the device cannot write");
                     self.metrics.invalid_reqs_count.inc();
-                    0
+                    Some(0)
                 }
-            };
-            if active.queues[0]
-                .add_used(&active.mem, head, used_len)
-                .is_err()
-            {
-                log::debug!("entropy: used ring update failed");
             }
-            used_any = true;
-        }
-        if used_any {
-            active.notify();
-        }
+        });
         self.common.active = Some(active);
         used_any
     }
