@@ -244,8 +244,8 @@ fn run() -> Result<i32, StartError> {
     let reason = controller.run();
     drop(raw);
     match &reason {
-        VmExit::VcpuError(msg) | VmExit::VmmError(msg) => {
-            eprintln!("ember: the microVM failed: {msg}");
+        VmExit::VcpuError { .. } | VmExit::VmmError(_) => {
+            eprintln!("ember: the microVM failed: {reason}");
         }
         VmExit::Signal(n) => log::info!("stopped by signal {n}"),
         VmExit::Reset | VmExit::PowerOff => log::info!("the guest ended the microVM ({reason:?})"),

@@ -21,7 +21,7 @@ use crate::resources::VmResources;
 use crate::rpc::{self, ActionError, ActionResult, InstanceInfo, VmmAction, VmmData, VmmSide};
 use crate::snapshot::load::{LoadError, Prepared, SnapshotLoadParams};
 use crate::snapshot::{self, Setup};
-use crate::{ExitSignal, VmExit};
+use crate::{ExitSignal, VmExit, VmmFailure};
 
 /// How long the VMM thread polls for the next request after answering one.
 const API_POLL: Duration = Duration::from_micros(200);
@@ -144,7 +144,8 @@ impl Controller {
         // From here this thread serves the guest's devices. (The vCPU threads were started
         // first: a thread inherits its parent's filter, and theirs differs.)
         if let Err(e) = self.filters.install(seccomp::Thread::Vmm) {
-            self.exit.report(VmExit::VmmError(e.to_string()));
+            self.exit
+                .report(VmExit::VmmError(VmmFailure::Filter(e.to_string())));
             return Err(ActionError::Start(e.into()));
         }
         Ok(())
@@ -170,7 +171,7 @@ impl Controller {
                 false => self.event_manager.run(),
             };
             if let Err(e) = ran {
-                return VmExit::VmmError(format!("the event loop failed: {e}"));
+                return VmExit::VmmError(VmmFailure::EventLoop(e.to_string()));
             }
             if self.serve_api() > 0 {
                 poll_until = Some(Instant::now() + API_POLL);

@@ -9,7 +9,7 @@ use event_manager::{EventOps, Events, MutEventSubscriber};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::{ExitSignal, VmExit};
+use crate::{ExitSignal, VmExit, VmmFailure};
 
 pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
 
@@ -22,9 +22,8 @@ pub(crate) struct ResetWatcher {
 impl MutEventSubscriber for ResetWatcher {
     fn init(&mut self, ops: &mut EventOps) {
         if let Err(e) = ops.add(Events::new(&self.reset, EventSet::IN)) {
-            self.exit.report(VmExit::VmmError(format!(
-                "cannot watch the i8042 reset line: {e}"
-            )));
+            self.exit
+                .report(VmExit::VmmError(VmmFailure::ResetLine(e.to_string())));
         }
     }
 

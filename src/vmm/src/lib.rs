@@ -44,10 +44,51 @@ pub enum VmExit {
     PowerOff,
     /// Ember received this signal (SIGTERM or SIGINT).
     Signal(i32),
-    /// A vCPU could not go on.
-    VcpuError(String),
-    /// The VMM's own event loop failed.
-    VmmError(String),
+    /// vCPU `index` could not go on.
+    VcpuError { index: u8, failure: VcpuFailure },
+    /// The VMM thread could not go on.
+    VmmError(VmmFailure),
+}
+
+/// Why the VMM thread stopped the VM.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VmmFailure {
+    #[error("the VMM thread's seccomp filter could not be installed: {0}")]
+    Filter(String),
+    #[error("the event loop failed: {0}")]
+    EventLoop(String),
+    #[error("cannot watch the i8042 reset line: {0}")]
+    ResetLine(String),
+}
+
+/// Why a vCPU stopped the VM. (Kept as the sentences of the errors it comes from where those
+/// cannot be copied: the reason is read by more than one thread.)
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VcpuFailure {
+    #[error("its seccomp filter could not be installed: {0}")]
+    Filter(String),
+    #[error("KVM_RUN failed: {0}")]
+    Run(String),
+    #[error("it could not enter the guest (hardware reason {reason:#x} on host CPU {cpu})")]
+    FailEntry { reason: u64, cpu: u32 },
+    #[error("it raised unknown system event {0}")]
+    SystemEvent(u32),
+    #[error("it stopped on an unexpected KVM exit: {0}")]
+    UnexpectedExit(String),
+    #[error("the host could not emulate a guest instruction, nor could Ember: {0}")]
+    Emulation(String),
+}
+
+impl std::fmt::Display for VmExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VmExit::Reset => write!(f, "the guest reset the machine"),
+            VmExit::PowerOff => write!(f, "the guest powered off"),
+            VmExit::Signal(n) => write!(f, "ember received signal {n}"),
+            VmExit::VcpuError { index, failure } => write!(f, "vCPU {index}: {failure}"),
+            VmExit::VmmError(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 impl VmExit {
@@ -56,7 +97,7 @@ impl VmExit {
         match self {
             VmExit::Reset | VmExit::PowerOff => 0,
             VmExit::Signal(n) => 128 + n,
-            VmExit::VcpuError(_) | VmExit::VmmError(_) => 1,
+            VmExit::VcpuError { .. } | VmExit::VmmError(_) => 1,
         }
     }
 }

@@ -5,7 +5,7 @@ use devices::Bus;
 use kvm_bindings::{KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
 use kvm_ioctls::VcpuExit;
 
-use crate::VmExit;
+use crate::{VcpuFailure, VmExit};
 
 /// Port 0x80, the POST/delay port that kernels write to; nothing is there.
 const DELAY_PORT: u16 = 0x80;
@@ -72,18 +72,17 @@ pub fn handle(exit: VcpuExit<'_>, index: u8, pio: &Bus, mmio: &Bus) -> Outcome {
         VcpuExit::SystemEvent(kind, _) => match kind {
             KVM_SYSTEM_EVENT_RESET => Outcome::Stop(VmExit::Reset),
             KVM_SYSTEM_EVENT_SHUTDOWN => Outcome::Stop(VmExit::PowerOff),
-            other => Outcome::Stop(VmExit::VcpuError(format!(
-                "vCPU {index} raised unknown system event {other}"
-            ))),
+            other => stop(index, VcpuFailure::SystemEvent(other)),
         },
-        VcpuExit::FailEntry(reason, cpu) => Outcome::Stop(VmExit::VcpuError(format!(
-            "vCPU {index} could not enter the guest (hardware reason {reason:#x} on host CPU {cpu})"
-        ))),
+        VcpuExit::FailEntry(reason, cpu) => stop(index, VcpuFailure::FailEntry { reason, cpu }),
         VcpuExit::InternalError => Outcome::Emulate,
-        other => Outcome::Stop(VmExit::VcpuError(format!(
-            "vCPU {index} stopped on an unexpected KVM exit: {other:?}"
-        ))),
+        other => stop(index, VcpuFailure::UnexpectedExit(format!("{other:?}"))),
     }
+}
+
+/// vCPU `index` stops the VM because of `failure`.
+pub fn stop(index: u8, failure: VcpuFailure) -> Outcome {
+    Outcome::Stop(VmExit::VcpuError { index, failure })
 }
 
 #[cfg(test)]
@@ -172,7 +171,7 @@ mod tests {
         );
         assert!(matches!(
             handle(VcpuExit::FailEntry(0x21, 1), 0, &pio, &mmio),
-            Outcome::Stop(VmExit::VcpuError(_))
+            Outcome::Stop(VmExit::VcpuError { index: 0, .. })
         ));
     }
 }

@@ -18,7 +18,7 @@ use kvm_ioctls::VcpuFd;
 
 use crate::memory::GuestMemory;
 use crate::vm::HostCaps;
-use crate::{ExitSignal, VmExit};
+use crate::{ExitSignal, VcpuFailure, VmExit};
 use control::{VcpuControl, VcpuHandle};
 
 #[derive(Debug, thiserror::Error)]
@@ -209,9 +209,10 @@ impl Vcpu {
             .name(format!("ember_vcpu{index}"))
             .spawn(move || match filters.install(seccomp::Thread::Vcpu) {
                 Ok(()) => self.run(),
-                Err(e) => self
-                    .exit
-                    .report(VmExit::VcpuError(format!("vCPU {index}: {e}"))),
+                Err(e) => self.exit.report(VmExit::VcpuError {
+                    index,
+                    failure: VcpuFailure::Filter(e.to_string()),
+                }),
             })
             .map_err(|e| Error::Spawn(index, e))?;
         Ok(VcpuHandle {
@@ -228,10 +229,7 @@ impl Vcpu {
                 log::debug!("vCPU {} emulated {kind:?}", self.index);
                 exit::Outcome::Continue
             }
-            Err(e) => exit::Outcome::Stop(VmExit::VcpuError(format!(
-                "vCPU {} stopped: the host could not emulate a guest instruction, nor could Ember: {e}",
-                self.index
-            ))),
+            Err(e) => exit::stop(self.index, VcpuFailure::Emulation(e.to_string())),
         }
     }
 
@@ -249,17 +247,14 @@ impl Vcpu {
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     exit::Outcome::Continue
                 }
-                Err(e) => exit::Outcome::Stop(VmExit::VcpuError(format!(
-                    "vCPU {} failed to run: {e}",
-                    self.index
-                ))),
+                Err(e) => exit::stop(self.index, VcpuFailure::Run(e.to_string())),
             };
             let outcome = match outcome {
                 exit::Outcome::Emulate => self.emulate(),
                 other => other,
             };
             if let exit::Outcome::Stop(reason) = outcome {
-                if matches!(reason, VmExit::VcpuError(_)) {
+                if matches!(reason, VmExit::VcpuError { .. }) {
                     self.metrics.vcpu.failures.inc();
                 }
                 self.exit.report(reason);
