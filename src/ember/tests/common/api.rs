@@ -5,6 +5,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -176,10 +177,13 @@ pub struct Ember {
     pub child: Child,
     pub sock: PathBuf,
     stdout: Arc<Mutex<String>>,
+    /// Set once stdout has ended (ember exited): nothing more can come.
+    stdout_ended: Arc<AtomicBool>,
     stderr: Arc<Mutex<String>>,
 }
 
-fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+/// Gathers what `from` gives, on a thread; `ended` is set at its end.
+fn collect(mut from: impl Read + Send + 'static, ended: Arc<AtomicBool>) -> Arc<Mutex<String>> {
     let text = Arc::new(Mutex::new(String::new()));
     let sink = text.clone();
     std::thread::spawn(move || {
@@ -192,6 +196,7 @@ fn collect(mut from: impl Read + Send + 'static) -> Arc<Mutex<String>> {
                 .unwrap()
                 .push_str(&String::from_utf8_lossy(&chunk[..n]));
         }
+        ended.store(true, Ordering::SeqCst);
     });
     text
 }
@@ -227,12 +232,17 @@ impl Ember {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start ember");
-        let stdout = collect(child.stdout.take().unwrap());
-        let stderr = collect(child.stderr.take().unwrap());
+        let stdout_ended = Arc::new(AtomicBool::new(false));
+        let stdout = collect(child.stdout.take().unwrap(), stdout_ended.clone());
+        let stderr = collect(
+            child.stderr.take().unwrap(),
+            Arc::new(AtomicBool::new(false)),
+        );
         let ember = Ember {
             child,
             sock,
             stdout,
+            stdout_ended,
             stderr,
         };
         let started = Instant::now();
@@ -276,10 +286,18 @@ impl Ember {
             .collect()
     }
 
-    /// Waits until stdout contains `text`; panics with all output after `deadline`.
+    /// Waits until stdout contains `text`; panics with the output's end after `deadline`, or
+    /// as soon as stdout has ended without it (ember exited: say, the guest reset).
     pub fn wait_for(&self, text: &str, deadline: Duration) {
         let started = Instant::now();
         while !self.stdout().contains(text) {
+            let ended = self.stdout_ended.load(Ordering::SeqCst);
+            assert!(
+                !ended || self.stdout().contains(text),
+                "ember's output ended before {text:?}\nstdout's last lines:\n{}\nstderr:\n{}",
+                last_lines(&self.stdout(), 40),
+                self.stderr()
+            );
             assert!(
                 started.elapsed() < deadline,
                 "no {text:?} in {deadline:?}\nstdout's last lines:\n{}\nstderr:\n{}",
