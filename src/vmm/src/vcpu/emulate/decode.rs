@@ -36,6 +36,10 @@ pub enum Op {
     Fwait,
     /// `cmpxchg8b m64` or, with REX.W, `cmpxchg16b m128`; `width` is 8 or 16 bytes.
     CmpXchg { width: u8, mem: MemOperand },
+    /// `lsl reg, reg` (0x0F 0x03, register form): the limit of the segment whose selector is
+    /// in `src` goes to `dst` (`size` bytes). Linux's NMI and paranoid entry read the CPU
+    /// number this way (the limit of its CPUNODE segment).
+    Lsl { dst: usize, src: usize, size: u8 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +70,7 @@ pub fn decode(bytes: &[u8], long_mode: bool) -> Result<Insn, DecodeError> {
     let mut addr32 = !long_mode;
     let mut rex = 0u8;
     let mut lock = false;
+    let mut opsize16 = false;
     let next = |at: &mut usize| -> Result<u8, DecodeError> {
         let b = *bytes.get(*at).ok_or(DecodeError::Truncated)?;
         *at += 1;
@@ -76,7 +81,8 @@ pub fn decode(bytes: &[u8], long_mode: bool) -> Result<Insn, DecodeError> {
         let b = next(&mut at)?;
         match b {
             0xf0 => lock = true,
-            0x66 | 0xf2 | 0xf3 | 0x2e | 0x36 | 0x3e | 0x26 => {}
+            0x66 => opsize16 = true,
+            0xf2 | 0xf3 | 0x2e | 0x36 | 0x3e | 0x26 => {}
             0x64 => segment = Segment::Fs,
             0x65 => segment = Segment::Gs,
             0x67 => addr32 = long_mode,
@@ -107,6 +113,25 @@ pub fn decode(bytes: &[u8], long_mode: bool) -> Result<Insn, DecodeError> {
         }
         0x0f => {
             op = next(&mut at)?;
+            if op == 0x03 {
+                let modrm = next(&mut at)?;
+                if lock {
+                    return Err(DecodeError::Invalid);
+                }
+                if modrm >> 6 != 3 {
+                    return Err(DecodeError::Unsupported(
+                        "0x0f 0x03 with a memory operand".into(),
+                    ));
+                }
+                let dst = usize::from((modrm >> 3) & 7) | usize::from(rex & 0x04) << 1;
+                let src = usize::from(modrm & 7) | usize::from(rex & 0x01) << 3;
+                let size = match (rex & 0x08 != 0, opsize16) {
+                    (true, _) => 8,
+                    (false, true) => 2,
+                    (false, false) => 4,
+                };
+                return Ok(insn(Op::Lsl { dst, src, size }, at));
+            }
             if op != 0xc7 {
                 return Err(DecodeError::Unsupported(format!("0x0f {op:#04x}")));
             }

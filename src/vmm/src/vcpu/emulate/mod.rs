@@ -5,7 +5,8 @@
 //! instruction at RIP through the guest's page tables and does what the CPU would:
 //! INT3 becomes a #BP for the guest, CMPXCHG8B/16B is performed atomically on guest RAM,
 //! FWAIT completes (the guest's x87 state lives in KVM and has no pending exceptions to
-//! deliver here: Linux runs FWAIT only to drop such exceptions).
+//! deliver here: Linux runs FWAIT only to drop such exceptions), LSL reads a segment limit
+//! from the guest's GDT (Linux's NMI entry reads its CPU number so).
 //! Anything else stops the VM with the instruction's bytes and registers in the error.
 //! Every byte, table entry and address involved is guest-controlled and bounds-checked.
 
@@ -59,9 +60,16 @@ pub enum Kind {
     Fwait,
     CmpXchg8b,
     CmpXchg16b,
+    Lsl,
 }
 
-const KINDS: [Kind; 4] = [Kind::Int3, Kind::Fwait, Kind::CmpXchg8b, Kind::CmpXchg16b];
+const KINDS: [Kind; 5] = [
+    Kind::Int3,
+    Kind::Fwait,
+    Kind::CmpXchg8b,
+    Kind::CmpXchg16b,
+    Kind::Lsl,
+];
 
 /// How many instructions of each kind Ember emulated in this process (one VM per process).
 static EMULATED: [AtomicU64; KINDS.len()] = [const { AtomicU64::new(0) }; KINDS.len()];
@@ -106,6 +114,10 @@ pub struct CpuState {
     pub cs_base: u64,
     pub fs_base: u64,
     pub gs_base: u64,
+    /// The GDT's linear address and limit, and the current privilege level (for LSL).
+    pub gdt_base: u64,
+    pub gdt_limit: u16,
+    pub cpl: u8,
     pub paging: Paging,
 }
 
@@ -204,7 +216,54 @@ pub fn step(cpu: &mut CpuState, mem: &GuestMemory) -> Result<(Kind, Effect), Emu
             cpu.rip = next_rip;
             Ok((kind, Effect::Done))
         }
+        Op::Lsl { dst, src, size } => {
+            let selector = cpu.gpr[src] as u16;
+            match segment_limit(cpu, mem, selector) {
+                Some(limit) => {
+                    cpu.gpr[dst] = match size {
+                        2 => (cpu.gpr[dst] & !0xffff) | (limit & 0xffff),
+                        _ => limit,
+                    };
+                    cpu.rflags |= RFLAGS_ZF;
+                }
+                None => cpu.rflags &= !RFLAGS_ZF,
+            }
+            cpu.rip = next_rip;
+            Ok((Kind::Lsl, Effect::Done))
+        }
     }
+}
+
+/// What LSL finds for `selector`: the byte-granular limit of its GDT descriptor, or None
+/// where the CPU clears ZF (a null or LDT selector, one past the GDT's limit or outside
+/// the guest's memory, a descriptor type LSL refuses, or one the privilege levels hide).
+fn segment_limit(cpu: &CpuState, mem: &GuestMemory, selector: u16) -> Option<u64> {
+    let index = u64::from(selector & !7);
+    if index == 0 || selector & 4 != 0 || index + 7 > u64::from(cpu.gdt_limit) {
+        return None;
+    }
+    let gpa = cpu
+        .paging
+        .translate(mem, cpu.gdt_base.wrapping_add(index), false)
+        .ok()?;
+    let desc: u64 = mem.read_obj(GuestAddress(gpa)).ok()?;
+    let kind = (desc >> 40) & 0xf;
+    let code_or_data = desc & (1 << 44) != 0;
+    let dpl = ((desc >> 45) & 3) as u8;
+    let conforming_code = code_or_data && kind & 0b1100 == 0b1100;
+    let allowed = match code_or_data {
+        true => conforming_code || (dpl >= cpu.cpl && dpl >= (selector & 3) as u8),
+        // An LDT, or an available or busy 64-bit TSS.
+        false => matches!(kind, 2 | 9 | 11),
+    };
+    if !allowed {
+        return None;
+    }
+    let raw = (desc & 0xffff) | ((desc >> 32) & 0xf_0000);
+    Some(match desc & (1 << 55) != 0 {
+        true => (raw << 12) | 0xfff,
+        false => raw,
+    })
 }
 
 /// The physical address of `len` bytes at `gva`, which must not straddle a page boundary
@@ -257,6 +316,9 @@ impl CpuState {
             cs_base: sregs.cs.base,
             fs_base: sregs.fs.base,
             gs_base: sregs.gs.base,
+            gdt_base: sregs.gdt.base,
+            gdt_limit: sregs.gdt.limit,
+            cpl: (sregs.cs.selector & 3) as u8,
             paging: Paging {
                 cr0: sregs.cr0,
                 cr3: sregs.cr3,

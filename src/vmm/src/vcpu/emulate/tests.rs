@@ -53,6 +53,9 @@ fn cpu(paging: Paging, code: &[u8], mem: &GuestMemory) -> CpuState {
         cs_base: 0,
         fs_base: 0,
         gs_base: 0,
+        gdt_base: DATA + 0x800,
+        gdt_limit: 16 * 8 - 1,
+        cpl: 0,
         paging,
     }
 }
@@ -285,4 +288,38 @@ fn a_split_cmpxchg8b_is_refused() {
         .unwrap();
     let err = step(&mut c, &mem).unwrap_err();
     assert!(err.to_string().contains("spans two pages"), "{err}");
+}
+
+/// Linux's CPUNODE segment (GDT entry 15, DPL 3): its limit is the CPU (and node) number.
+#[test]
+fn lsl_reads_a_segment_limit_from_the_gdt() {
+    let (mem, paging) = guest();
+    let desc: u64 = 0x1005 | (0x3 << 40) | (1 << 44) | (3 << 45) | (1 << 47);
+    mem.write_obj(desc, GuestAddress(DATA_GPA + 0x800 + 15 * 8))
+        .unwrap();
+    // lsl rax, rax (REX.W 0F 03 /r), as Linux's paranoid entry does.
+    let lsl_rax = [0x48, 0x0f, 0x03, 0xc0];
+    let mut c = cpu(paging, &lsl_rax, &mem);
+    c.gpr[0] = 0x7b;
+    c.rflags &= !RFLAGS_ZF;
+    assert_eq!(step(&mut c, &mem).unwrap(), (Kind::Lsl, Effect::Done));
+    assert_eq!((c.gpr[0], c.rip), (0x1005, CODE + 4));
+    assert_ne!(c.rflags & RFLAGS_ZF, 0);
+    // A null selector, one past the GDT's limit, or an LDT selector: ZF clear, RAX kept.
+    for selector in [0u64, 16 << 3, (15 << 3) | 4] {
+        let mut c = cpu(paging, &lsl_rax, &mem);
+        c.gpr[0] = selector;
+        assert_eq!(step(&mut c, &mem).unwrap(), (Kind::Lsl, Effect::Done));
+        assert_eq!((c.gpr[0], c.rflags & RFLAGS_ZF), (selector, 0));
+    }
+    // lsl ecx, eax with the granularity bit: a 4 KiB-granular limit, zero-extended.
+    mem.write_obj(desc | (1 << 55), GuestAddress(DATA_GPA + 0x800 + 14 * 8))
+        .unwrap();
+    let mut c = cpu(paging, &[0x0f, 0x03, 0xc8], &mem);
+    (c.gpr[0], c.gpr[1]) = (14 << 3, u64::MAX);
+    step(&mut c, &mem).unwrap();
+    assert_eq!(c.gpr[1], 0x0100_5fff);
+    // A memory operand is not emulated: said, not guessed.
+    let mut c = cpu(paging, &[0x0f, 0x03, 0x00], &mem);
+    assert!(step(&mut c, &mem).is_err());
 }
