@@ -54,6 +54,8 @@ struct Wiring<'a> {
     pio: Bus,
     mmio: Bus,
     subscribers: Vec<Subscriber>,
+    /// Every virtio-mmio transport, in the order of their windows.
+    transports: Vec<Arc<Mutex<MmioTransport>>>,
     kernel_args: String,
     /// The next free virtio-mmio window, and the next virtio interrupt line (from
     /// [`FIRST_VIRTIO_IRQ`]).
@@ -65,11 +67,7 @@ impl Wiring<'_> {
     /// How a virtio device joins the VM: an MMIO window and an interrupt line of its own, a
     /// KVM ioeventfd per queue and an irqfd for the line, the transport on the MMIO bus, the
     /// device in the event loop, and the `virtio_mmio.device=` word that tells the kernel.
-    fn attach_virtio<D>(
-        &mut self,
-        device: D,
-        transports: &mut Vec<Arc<Mutex<MmioTransport>>>,
-    ) -> Result<Arc<Mutex<D>>, BuildError>
+    fn attach_virtio<D>(&mut self, device: D) -> Result<Arc<Mutex<D>>, BuildError>
     where
         D: VirtioDevice + MutEventSubscriber + 'static,
     {
@@ -90,7 +88,7 @@ impl Wiring<'_> {
         let transport = Arc::new(Mutex::new(transport));
         self.mmio
             .insert(addr, layout::VIRTIO_MMIO_SIZE, transport.clone())?;
-        transports.push(transport);
+        self.transports.push(transport);
         self.subscribers.push(device.clone());
         self.kernel_args
             .push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
@@ -114,6 +112,7 @@ pub(super) fn attach_devices(
         pio: Bus::new(),
         mmio: Bus::new(),
         subscribers: Vec::new(),
+        transports: Vec::new(),
         kernel_args: String::new(),
         next_window: 0,
         next_line: 0,
@@ -133,7 +132,6 @@ pub(super) fn attach_devices(
             .insert(layout::virtio_mmio_addr(0), layout::VIRTIO_MMIO_SIZE, timer)?;
         w.next_window = 1;
     }
-    let t = &mut devices.transports;
     for drive in resources.drives() {
         let block =
             Block::new(&block_config(drive, metrics)).map_err(|source| BuildError::Drive {
@@ -143,7 +141,7 @@ pub(super) fn attach_devices(
         if drive.is_root_device {
             w.kernel_args.push_str(&root_args(drive));
         }
-        let block = w.attach_virtio(block, t)?;
+        let block = w.attach_virtio(block)?;
         devices.blocks.push((drive.drive_id.clone(), block));
     }
     for iface in resources.network_interfaces() {
@@ -154,7 +152,7 @@ pub(super) fn attach_devices(
         })?;
         devices
             .nets
-            .push((iface.iface_id.clone(), w.attach_virtio(net, t)?));
+            .push((iface.iface_id.clone(), w.attach_virtio(net)?));
     }
     if let Some(entropy) = resources.entropy() {
         let config = EntropyConfig {
@@ -162,7 +160,7 @@ pub(super) fn attach_devices(
             metrics: metrics.entropy.clone(),
         };
         let rng = Entropy::new(&config).map_err(BuildError::EventFd)?;
-        devices.entropy = Some(w.attach_virtio(rng, t)?);
+        devices.entropy = Some(w.attach_virtio(rng)?);
     }
     if let Some(b) = resources.balloon() {
         let config = BalloonConfig {
@@ -175,7 +173,7 @@ pub(super) fn attach_devices(
             metrics: metrics.balloon.clone(),
         };
         let balloon = Balloon::new(&config).map_err(BuildError::EventFd)?;
-        devices.balloon = Some(w.attach_virtio(balloon, t)?);
+        devices.balloon = Some(w.attach_virtio(balloon)?);
     }
     if let Some((config, listener)) = resources.vsock() {
         let config = VsockConfig {
@@ -185,8 +183,9 @@ pub(super) fn attach_devices(
             metrics: metrics.vsock.clone(),
         };
         let vsock = Vsock::new(config).map_err(BuildError::Vsock)?;
-        devices.vsock = Some(w.attach_virtio(vsock, t)?);
+        devices.vsock = Some(w.attach_virtio(vsock)?);
     }
+    devices.transports = w.transports;
     Ok(Attached {
         pio: Arc::new(w.pio),
         mmio: Arc::new(w.mmio),
