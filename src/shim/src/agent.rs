@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -14,11 +14,20 @@ pub const PORT: u32 = 1025;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(300);
 /// An answer line is small; the agent's longest is an error sentence.
 const MAX_ANSWER: u64 = 64 << 10;
+/// How long a connection the guest does not take up is tried again before the agent counts
+/// as unreachable. Ember gives the guest 2 s to accept; a guest restored a moment ago (its
+/// vsock transport reset still in flight) or starved of CPU (ten kvm_pvm guests on two
+/// cores) has missed that. Only the connection is retried, never a request once sent.
+const CONNECT_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot reach the guest agent: {0}")]
     Unreachable(std::io::Error),
+    /// Ember's answer to `CONNECT` was not `OK`: the guest refused or did not take the
+    /// connection up in time.
+    #[error("the guest agent did not take a connection to vsock port {PORT} up: {0}")]
+    NotTakenUp(String),
     #[error("the guest agent did not answer: {0}")]
     NoAnswer(String),
     /// The agent's own sentence.
@@ -42,23 +51,35 @@ impl Agent {
             .map_err(Error::Unreachable)?;
         let line = read_line(&mut s).map_err(Error::Unreachable)?;
         if !line.starts_with("OK ") {
-            return Err(Error::Unreachable(std::io::Error::new(
-                std::io::ErrorKind::ConnectionRefused,
-                format!("vsock port {PORT}: {}", line.trim_end()),
-            )));
+            return Err(Error::NotTakenUp(match line.trim_end() {
+                "" => "the guest refused it or did not answer in time".into(),
+                other => format!("Ember answered {other:?}"),
+            }));
         }
         s.set_read_timeout(timeout).map_err(Error::Unreachable)?;
         Ok(s)
     }
 
+    /// [`Agent::connect`], tried again while the guest does not take the connection up
+    /// (Ember's refusal line), for up to [`CONNECT_RETRY`].
+    fn connect_patiently(&self, timeout: Option<Duration>) -> Result<UnixStream, Error> {
+        let start = Instant::now();
+        loop {
+            match self.connect(timeout) {
+                Err(Error::NotTakenUp(why)) if start.elapsed() < CONNECT_RETRY => {
+                    log::debug!("the guest agent did not take a connection up ({why}); again");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Sends `request` (its `op` and fields) and returns what the agent answered `ok` with.
     /// `timeout` bounds the wait for the answer (`None`: a `wait` for a process's exit).
-    pub fn call(&self, mut request: Value, timeout: Option<Duration>) -> Result<Value, Error> {
-        request["v"] = json!(1);
-        let mut s = self.connect(timeout)?;
-        s.write_all(format!("{request}\n").as_bytes())
-            .map_err(|e| Error::NoAnswer(e.to_string()))?;
-        answer(&mut s)
+    pub fn call(&self, request: Value, timeout: Option<Duration>) -> Result<Value, Error> {
+        let s = self.connect_patiently(timeout)?;
+        send(s, request)
     }
 
     /// The same, bounded: a request takes milliseconds on hardware virtualisation, but a
@@ -71,7 +92,9 @@ impl Agent {
     /// Whether the agent answers a `ping` within `timeout`: a connection the guest never
     /// takes up (as once right after a restore) is given up on and the next one tried.
     pub fn answers(&self, timeout: Duration) -> bool {
-        self.call(json!({"op": "ping"}), Some(timeout)).is_ok()
+        self.connect(Some(timeout))
+            .and_then(|s| send(s, json!({"op": "ping"})))
+            .is_ok()
     }
 
     /// A process's stream (`stdin`, `stdout`, `stderr`): the connection after the agent's
@@ -82,7 +105,7 @@ impl Agent {
         exec_id: Option<&str>,
         which: &str,
     ) -> Result<UnixStream, Error> {
-        let mut s = self.connect(Some(ANSWER_TIMEOUT))?;
+        let mut s = self.connect_patiently(Some(ANSWER_TIMEOUT))?;
         let request = json!({"v": 1, "op": "stdio", "id": id, "exec_id": exec_id, "stream": which});
         s.write_all(format!("{request}\n").as_bytes())
             .map_err(|e| Error::NoAnswer(e.to_string()))?;
@@ -90,6 +113,14 @@ impl Agent {
         s.set_read_timeout(None).map_err(Error::Unreachable)?;
         Ok(s)
     }
+}
+
+/// Writes `request` (as version 1) on a connection and reads the answer.
+fn send(mut s: UnixStream, mut request: Value) -> Result<Value, Error> {
+    request["v"] = json!(1);
+    s.write_all(format!("{request}\n").as_bytes())
+        .map_err(|e| Error::NoAnswer(e.to_string()))?;
+    answer(&mut s)
 }
 
 fn answer(s: &mut UnixStream) -> Result<Value, Error> {
