@@ -77,12 +77,13 @@ pub fn e820_map(ram: &[(GuestAddress, u64)]) -> Vec<E820Entry> {
 }
 
 /// Builds the zero page for the 64-bit Linux entry. `header` is the bzImage's setup header
-/// (absent for an ELF vmlinux).
+/// (absent for an ELF vmlinux); `rsdp` is the ACPI root pointer's address.
 pub fn zero_page(
     header: Option<setup_header>,
     cmdline_len: usize,
     initrd: Option<InitrdPlacement>,
     e820: &[E820Entry],
+    rsdp: u64,
 ) -> Result<boot_params, Error> {
     let mut params = boot_params::default();
     if let Some(hdr) = header {
@@ -94,6 +95,7 @@ pub fn zero_page(
     params.hdr.kernel_alignment = KERNEL_ALIGNMENT;
     params.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
     params.hdr.cmdline_size = u32::try_from(cmdline_len).unwrap_or(u32::MAX);
+    params.acpi_rsdp_addr = rsdp;
     if let Some(initrd) = initrd {
         params.hdr.ramdisk_image = initrd.addr as u32;
         params.hdr.ramdisk_size = initrd.size as u32;
@@ -120,11 +122,13 @@ pub fn write_zero_page<M: GuestMemory>(mem: &M, params: &boot_params) -> Result<
     Ok(())
 }
 
-/// Writes `hvm_start_info`, its module list (the initrd) and memory map for the PVH entry.
+/// Writes `hvm_start_info`, its module list (the initrd) and memory map for the PVH entry,
+/// with the ACPI root pointer's address `rsdp`.
 pub fn write_pvh_info<M: GuestMemory>(
     mem: &M,
     initrd: Option<InitrdPlacement>,
     e820: &[E820Entry],
+    rsdp: u64,
 ) -> Result<(), Error> {
     if e820.len() > PVH_MEMMAP_MAX_ENTRIES {
         return Err(Error::TooManyE820Entries(e820.len()));
@@ -135,6 +139,7 @@ pub fn write_pvh_info<M: GuestMemory>(
         cmdline_paddr: CMDLINE_ADDR,
         memmap_paddr: PVH_MEMMAP_ADDR,
         memmap_entries: e820.len() as u32,
+        rsdp_paddr: rsdp,
         ..Default::default()
     };
     for (i, entry) in e820.iter().enumerate() {
@@ -193,7 +198,7 @@ mod tests {
             addr: 0x7000_0000,
             size: 0x1234,
         };
-        let params = zero_page(None, 42, Some(initrd), &e820).unwrap();
+        let params = zero_page(None, 42, Some(initrd), &e820, 0xe0000).unwrap();
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         write_zero_page(&mem, &params).unwrap();
         let base = ZERO_PAGE_ADDR;
@@ -207,6 +212,8 @@ mod tests {
         assert_eq!(u32_at(0x228), CMDLINE_ADDR as u32);
         assert_eq!(u32_at(0x218), 0x7000_0000);
         assert_eq!(u32_at(0x21c), 0x1234);
+        let rsdp = mem.read_obj::<u64>(GuestAddress(base + 0x70)).unwrap();
+        assert_eq!(rsdp, 0xe0000, "acpi_rsdp_addr");
         // The third e820 entry (20 bytes each from 0x2d0): RAM from 1 MiB to 128 MiB.
         let third = base + 0x2d0 + 2 * 20;
         assert_eq!(
@@ -231,11 +238,12 @@ mod tests {
             addr: 0x10_0000,
             size: 77,
         };
-        write_pvh_info(&mem, Some(initrd), &e820).unwrap();
+        write_pvh_info(&mem, Some(initrd), &e820, 0xe0000).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_ADDR)).unwrap();
         assert_eq!(info.magic, PVH_MAGIC);
         assert_eq!(info.memmap_entries, 3);
         assert_eq!(info.nr_modules, 1);
+        assert_eq!(info.rsdp_paddr, 0xe0000);
         let module: hvm_modlist_entry = mem.read_obj(GuestAddress(info.modlist_paddr)).unwrap();
         assert_eq!((module.paddr, module.size), (0x10_0000, 77));
     }
@@ -251,10 +259,10 @@ mod tests {
             200
         ];
         assert!(matches!(
-            zero_page(None, 1, None, &e820),
+            zero_page(None, 1, None, &e820, 0),
             Err(Error::TooManyE820Entries(200))
         ));
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        assert!(write_pvh_info(&mem, None, &e820).is_err());
+        assert!(write_pvh_info(&mem, None, &e820, 0).is_err());
     }
 }

@@ -27,6 +27,13 @@ pub const CMDLINE_MAX_SIZE: usize = 2048;
 /// Start of the extended BIOS data area; the MP table lives here.
 pub const EBDA_START: u64 = 0x9fc00;
 pub const MPTABLE_ADDR: u64 = EBDA_START;
+/// The ACPI root pointer, where a kernel also finds it by scanning the BIOS area, and the
+/// tables after it, up to the end of that area.
+pub const ACPI_RSDP_ADDR: u64 = 0xe_0000;
+pub const ACPI_TABLES_ADDR: u64 = ACPI_RSDP_ADDR + 0x40;
+pub const ACPI_TABLES_END: u64 = HIMEM_START;
+/// The I/O port of the ACPI sleep control and status registers (hardware-reduced ACPI).
+pub const ACPI_SLEEP_PORT: u16 = 0x600;
 /// Where high memory (and the kernel) starts.
 pub const HIMEM_START: u64 = 0x10_0000;
 /// The hole below 4 GiB left for devices; RAM that does not fit below it goes above 4 GiB.
@@ -54,6 +61,7 @@ const _: () = {
     assert!(ZERO_PAGE_ADDR + 4096 <= BOOT_STACK_TOP);
     assert!(PD_ADDR + 4096 <= CMDLINE_ADDR);
     assert!(CMDLINE_ADDR + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
+    assert!(MPTABLE_ADDR + 1024 <= ACPI_RSDP_ADDR);
 };
 
 /// The guest RAM regions for `mem_bytes` of memory: below the MMIO gap first, the rest

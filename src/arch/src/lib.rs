@@ -2,7 +2,9 @@
 //! when its first instruction runs. Pure functions over guest memory and KVM register
 //! structures; no KVM file descriptors live here, so all of it is unit-tested without a VM.
 
+pub mod acpi;
 pub mod boot_params;
+mod checksum;
 pub mod cpuid;
 pub mod gdt;
 pub mod layout;

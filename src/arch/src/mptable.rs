@@ -4,6 +4,7 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 
+use crate::checksum::checksum;
 use crate::layout::{IOAPIC_ADDR, IOAPIC_PINS, LAPIC_ADDR, MPTABLE_ADDR};
 
 /// Most vCPUs Ember runs; the whole table then still fits in the 1 KiB EBDA.
@@ -31,11 +32,6 @@ pub enum Error {
     CpuCount(u8),
     #[error("cannot write the MP table into guest memory: {0}")]
     GuestMemory(#[from] GuestMemoryError),
-}
-
-/// Makes the bytes of a region sum to zero, the MP table's checksum rule.
-fn checksum(bytes: &[u8]) -> u8 {
-    0u8.wrapping_sub(bytes.iter().fold(0u8, |sum, b| sum.wrapping_add(*b)))
 }
 
 /// The floating pointer and configuration table for `cpus` vCPUs, to be placed at `addr`.

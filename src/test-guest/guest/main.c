@@ -1,14 +1,16 @@
 /*
  * Ember's test guest. It reports, one line per check on COM1, what the VMM gave it: how it
  * was booted, the command line, the e820 map, the initrd, the CPUs in the MP table and how
- * many came up after INIT/SIPI, and what its own virtio-blk driver sees on every disk the
- * command line lists. Then it resets through the i8042. Tests read these lines.
+ * many came up after INIT/SIPI, what the ACPI tables describe, and what its own virtio-blk
+ * driver sees on every disk the command line lists. Then it resets through the i8042. Tests
+ * read these lines.
  *
  * Command-line words it understands:
  *   quick       print only "guest: hello" and reset (the start-up benchmark)
  *   nosmp       do not start the APs
  *   hang        never reset (for signal tests)
  *   boottimer   write 123 to Firecracker's boot timer at the first MMIO window when done
+ *   poweroff    power off through the ACPI sleep control register instead of resetting
  *   cpuid       print what CPUID returns for leaves the VMM rewrites (1, 0xa, 0x4000000[01])
  *   keyboard    before "done", print each byte the i8042 keyboard sends until Ctrl+Alt+Del
  *               has been pressed and released (the API's SendCtrlAltDel)
@@ -173,6 +175,76 @@ static u32 read_mptable(void) {
     }
     line("mptable cpus="); putdec(cpus); puts(" checksum=ok"); end();
     return cpus;
+}
+
+/* ---- ACPI: RSDP -> XSDT -> FADT (-> DSDT), MADT --------------------------------------- */
+
+static u64 acpi_sleep_port;
+static u8 acpi_s5_type = 0xff;
+
+static const u8 *find_rsdp(void) {
+    for (u64 a = 0xe0000; a + 36 <= 0x100000; a += 16) {
+        const u8 *p = (const u8 *)a;
+        if (!memcmp(p, "RSD PTR ", 8) && sum(p, 20) == 0) return p;
+    }
+    return 0;
+}
+
+/* The table at `addr`, if its checksum holds; counts the bad ones in `bad`. */
+static const u8 *acpi_table(u64 addr, u32 *bad) {
+    const u8 *t = (const u8 *)addr;
+    if (!addr || sum(t, rd32(addr + 4))) { (*bad)++; return 0; }
+    return t;
+}
+
+/* The DSDT's virtio-mmio devices (their _HID strings) and the \_S5_ sleep type. */
+static u32 read_dsdt(const u8 *d) {
+    u32 len = *(const u32 *)(d + 4), virtio = 0;
+    for (u32 i = 36; i + 9 <= len; i++) {
+        if (!memcmp(d + i, "LNRO0005", 9)) virtio++;
+        /* Name(\_S5_, Package() { BytePrefix 5, ... }) */
+        if (!memcmp(d + i, "\\_S5_\x12", 6) && i + 10 <= len && d[i + 8] == 0x0a) acpi_s5_type = d[i + 9];
+    }
+    return virtio;
+}
+
+static void read_acpi(int kind, u64 info) {
+    u64 given = kind == BOOT_PVH ? rd64(info + 32) : rd64(info + 0x70);
+    const u8 *rsdp = find_rsdp();
+    if (!rsdp) { line("acpi missing"); end(); return; }
+    u32 bad = sum(rsdp, 36) != 0;
+    const u8 *xsdt = acpi_table(rd64((u64)rsdp + 24), &bad);
+    line("acpi rsdp="); puthex((u64)rsdp); puts(given == (u64)rsdp ? " boot-info=same" : " boot-info=other");
+    if (!xsdt) { puts(" xsdt=bad"); end(); return; }
+    puts(" tables=");
+    u32 n = (*(const u32 *)(xsdt + 4) - 36) / 8, cpus = 0, virtio = 0, hw_reduced = 0;
+    for (u32 i = 0; i < n; i++) {
+        const u8 *t = acpi_table(rd64((u64)xsdt + 36 + 8 * i), &bad);
+        if (!t) continue;
+        if (i) putc(',');
+        for (int c = 0; c < 4; c++) putc((char)t[c]);
+        if (!memcmp(t, "FACP", 4)) {
+            hw_reduced = (rd32((u64)t + 112) >> 20) & 1;
+            acpi_sleep_port = t[244] == 1 ? rd64((u64)t + 248) : 0;
+            const u8 *dsdt = acpi_table(rd64((u64)t + 140), &bad);
+            if (dsdt) { puts(",DSDT"); virtio = read_dsdt(dsdt); }
+        }
+        if (!memcmp(t, "APIC", 4)) {
+            for (u32 o = 44; o + 2 <= *(const u32 *)(t + 4) && t[o + 1]; o += t[o + 1])
+                if (t[o] == 0 && (rd32((u64)t + o + 4) & 1)) cpus++;
+        }
+    }
+    puts(" bad-checksums="); putdec(bad); puts(" cpus="); putdec(cpus); puts(" virtio-mmio="); putdec(virtio);
+    puts(" hw-reduced="); putdec(hw_reduced); puts(" sleep-port="); puthex(acpi_sleep_port);
+    puts(" s5="); putdec(acpi_s5_type); end();
+}
+
+/* Powers off as an ACPI kernel does: SLP_EN with the \_S5_ sleep type to the sleep control
+ * port. Then it waits: only the VMM can end it now. */
+static __attribute__((noreturn)) void acpi_power_off(void) {
+    line("acpi power-off"); end();
+    if (acpi_sleep_port && acpi_s5_type != 0xff) outb((u16)acpi_sleep_port, (u8)((acpi_s5_type << 2) | (1 << 5)));
+    for (;;) pause();
 }
 
 static void spin(u64 n) { while (n--) pause(); }
@@ -561,6 +633,7 @@ void guest_main(int kind, u64 info) {
     read_boot_info(kind, info);
     if (has_word("cpuid")) report_cpuid();
     u32 cpus = read_mptable();
+    read_acpi(kind, info);
     if (!has_word("nosmp") && cpus > 1) start_aps(cpus);
     else { line("smp online=1"); end(); }
     virtio_checks();
@@ -569,5 +642,6 @@ void guest_main(int kind, u64 info) {
     line("done"); end();
     if (has_word("ticks")) ticks();
     if (has_word("echo")) echo_lines();
+    if (has_word("poweroff")) acpi_power_off();
     reset();
 }

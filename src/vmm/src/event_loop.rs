@@ -1,4 +1,5 @@
-//! The VMM thread's event sources besides the devices: the i8042 reset line, and the eventfds
+//! The VMM thread's event sources besides the devices: the i8042 reset line and the ACPI
+//! power-off line, and the eventfds
 //! that only wake the loop (the exit signal, the API's requests), after which the
 //! [`crate::controller::Controller`] looks at what changed.
 
@@ -13,23 +14,30 @@ use crate::{ExitSignal, VmExit, VmmFailure};
 
 pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
 
-/// Turns the i8042 reset line into a VM exit.
-pub(crate) struct ResetWatcher {
-    pub reset: EventFd,
+/// Turns a line by which the guest ends the VM (the i8042's reset, the ACPI sleep control
+/// register's power-off) into a VM exit.
+pub(crate) struct ExitLine {
+    pub evt: EventFd,
     pub exit: Arc<ExitSignal>,
+    /// What the guest did when the line is raised: [`VmExit::Reset`] or [`VmExit::PowerOff`].
+    pub reason: VmExit,
+    /// The line's name, for the error if it cannot be watched.
+    pub what: &'static str,
 }
 
-impl MutEventSubscriber for ResetWatcher {
+impl MutEventSubscriber for ExitLine {
     fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::new(&self.reset, EventSet::IN)) {
-            self.exit
-                .report(VmExit::VmmError(VmmFailure::ResetLine(e.to_string())));
+        if let Err(e) = ops.add(Events::new(&self.evt, EventSet::IN)) {
+            self.exit.report(VmExit::VmmError(VmmFailure::ExitLine(
+                self.what,
+                e.to_string(),
+            )));
         }
     }
 
     fn process(&mut self, _events: Events, _ops: &mut EventOps) {
-        let _ = self.reset.read();
-        self.exit.report(VmExit::Reset);
+        let _ = self.evt.read();
+        self.exit.report(self.reason.clone());
     }
 }
 

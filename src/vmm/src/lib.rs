@@ -57,8 +57,8 @@ pub enum VmmFailure {
     Filter(String),
     #[error("the event loop failed: {0}")]
     EventLoop(String),
-    #[error("cannot watch the i8042 reset line: {0}")]
-    ResetLine(String),
+    #[error("cannot watch the {0}: {1}")]
+    ExitLine(&'static str, String),
 }
 
 /// Why a vCPU stopped the VM. (Kept as the sentences of the errors it comes from where those

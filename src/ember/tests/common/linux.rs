@@ -30,30 +30,43 @@ impl Images {
     }
 }
 
-/// The guest images, or None after printing why this test cannot run here.
-pub fn linux_or_skip(test: &str) -> Option<Images> {
-    if !kvm_or_skip(test) {
-        return None;
-    }
-    let dir = match std::env::var_os("EMBER_GUEST_DIR") {
+/// The directory a `guest/` script makes (cached by a hash of its inputs): `env` if set,
+/// else what `guest/SCRIPT --dir` names; None after printing why the test cannot run, if it
+/// is not built.
+fn built(test: &str, env: &str, script: &str) -> Option<PathBuf> {
+    let dir = match std::env::var_os(env) {
         Some(d) => PathBuf::from(d),
         None => {
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../guest/build.sh");
-            let out = std::process::Command::new(script)
+            let path = format!("{}/../../guest/{script}", env!("CARGO_MANIFEST_DIR"));
+            let out = std::process::Command::new(&path)
                 .arg("--dir")
                 .output()
-                .expect("run guest/build.sh --dir");
+                .unwrap_or_else(|e| panic!("run {path} --dir: {e}"));
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
         }
     };
     if !dir.join("done").exists() {
         skip(
             test,
-            "the Linux guest images are not built; run guest/build.sh",
+            &format!("{} is not built; run guest/{script}", dir.display()),
         );
         return None;
     }
-    Some(Images { dir })
+    Some(dir)
+}
+
+/// The guest images, or None after printing why this test cannot run here.
+pub fn linux_or_skip(test: &str) -> Option<Images> {
+    if !kvm_or_skip(test) {
+        return None;
+    }
+    built(test, "EMBER_GUEST_DIR", "build.sh").map(|dir| Images { dir })
+}
+
+/// Debian's stock cloud kernel and its initramfs (guest/stock-kernel.sh), or None after
+/// printing why the test cannot run.
+pub fn stock_kernel_or_skip(test: &str) -> Option<PathBuf> {
+    built(test, "EMBER_STOCK_KERNEL_DIR", "stock-kernel.sh")
 }
 
 /// The lines the test command printed.

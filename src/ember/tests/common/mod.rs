@@ -234,7 +234,7 @@ pub fn run_args(args: &[&str]) -> Run {
     run_args_within(args, Duration::from_secs(60))
 }
 
-fn run_args_within(args: &[&str], deadline: Duration) -> Run {
+pub fn run_args_within(args: &[&str], deadline: Duration) -> Run {
     let started = Instant::now();
     finish(spawn(args), started, deadline)
 }

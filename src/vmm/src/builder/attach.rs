@@ -7,7 +7,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use arch::layout::{self, FIRST_VIRTIO_IRQ, I8042_IRQ, SERIAL_IRQ};
-use devices::legacy::{i8042, BootTimer, Serial, SerialOutput, SerialSnapshot, I8042};
+use devices::legacy::{
+    i8042, BootTimer, Serial, SerialOutput, SerialSnapshot, SleepControl, I8042,
+};
 use devices::virtio::balloon::{Balloon, BalloonConfig};
 use devices::virtio::block::{Block, BlockConfig};
 use devices::virtio::mmio::REG_QUEUE_NOTIFY;
@@ -21,12 +23,12 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{BuildError, Console, Context};
 use crate::config::{DriveConfig, NetworkInterfaceConfig, SerialConfig};
-use crate::event_loop::{ResetWatcher, Subscriber};
+use crate::event_loop::{ExitLine, Subscriber};
 use crate::memory::GuestMemory;
 use crate::microvm::Devices;
 use crate::resources::VmResources;
 use crate::vm::Vm;
-use crate::ExitSignal;
+use crate::{ExitSignal, VmExit};
 
 const COM1_BASE: u64 = 0x3f8;
 const COM1_LEN: u64 = 8;
@@ -45,6 +47,8 @@ pub(super) struct Attached {
     pub i8042: Arc<Mutex<I8042>>,
     /// The root device's and the virtio-mmio devices' command-line entries.
     pub kernel_args: String,
+    /// The virtio-mmio devices, for the DSDT.
+    pub virtio_mmio: Vec<arch::acpi::VirtioMmio>,
 }
 
 /// The buses, event subscribers and kernel arguments while devices are attached.
@@ -57,6 +61,7 @@ struct Wiring<'a> {
     /// Every virtio-mmio transport, in the order of their windows.
     transports: Vec<Arc<Mutex<MmioTransport>>>,
     kernel_args: String,
+    virtio_mmio: Vec<arch::acpi::VirtioMmio>,
     /// The next free virtio-mmio window, and the next virtio interrupt line (from
     /// [`FIRST_VIRTIO_IRQ`]).
     next_window: u32,
@@ -66,7 +71,8 @@ struct Wiring<'a> {
 impl Wiring<'_> {
     /// How a virtio device joins the VM: an MMIO window and an interrupt line of its own, a
     /// KVM ioeventfd per queue and an irqfd for the line, the transport on the MMIO bus, the
-    /// device in the event loop, and the `virtio_mmio.device=` word that tells the kernel.
+    /// device in the event loop, and the `virtio_mmio.device=` word and DSDT entry that tell
+    /// the kernel.
     fn attach_virtio<D>(&mut self, device: D) -> Result<Arc<Mutex<D>>, BuildError>
     where
         D: VirtioDevice + MutEventSubscriber + 'static,
@@ -92,6 +98,11 @@ impl Wiring<'_> {
         self.subscribers.push(device.clone());
         self.kernel_args
             .push_str(&format!(" virtio_mmio.device=4K@{addr:#x}:{irq}"));
+        self.virtio_mmio.push(arch::acpi::VirtioMmio {
+            addr,
+            len: layout::VIRTIO_MMIO_SIZE,
+            gsi: irq,
+        });
         self.next_window += 1;
         self.next_line += 1;
         Ok(device)
@@ -114,6 +125,7 @@ pub(super) fn attach_devices(
         subscribers: Vec::new(),
         transports: Vec::new(),
         kernel_args: String::new(),
+        virtio_mmio: Vec::new(),
         next_window: 0,
         next_line: 0,
     };
@@ -193,11 +205,13 @@ pub(super) fn attach_devices(
         devices,
         i8042,
         kernel_args: w.kernel_args,
+        virtio_mmio: w.virtio_mmio,
     })
 }
 
-/// COM1 on IRQ 4 and the i8042 on IRQ 1; the i8042's reset line is watched by the event
-/// loop. Returns the i8042, which also takes keys from the API (`SendCtrlAltDel`).
+/// COM1 on IRQ 4, the i8042 on IRQ 1 and the ACPI sleep control register; the i8042's reset
+/// line and the power-off line are watched by the event loop. Returns the i8042, which also
+/// takes keys from the API (`SendCtrlAltDel`).
 fn attach_legacy(
     w: &mut Wiring,
     devices: &mut Devices,
@@ -247,9 +261,28 @@ fn attach_legacy(
     let i8042 = I8042::new(reset.try_clone().map_err(BuildError::EventFd)?, kbd_irq);
     let i8042 = Arc::new(Mutex::new(i8042));
     w.pio.insert(I8042_BASE, i8042::PORT_RANGE, i8042.clone())?;
-    w.subscribers.push(Arc::new(Mutex::new(ResetWatcher {
-        reset,
+    w.subscribers.push(Arc::new(Mutex::new(ExitLine {
+        evt: reset,
         exit: exit.clone(),
+        reason: VmExit::Reset,
+        what: "i8042 reset line",
+    })));
+
+    let power_off = eventfd()?;
+    let sleep = SleepControl::new(
+        power_off.try_clone().map_err(BuildError::EventFd)?,
+        arch::acpi::S5_SLEEP_TYPE,
+    );
+    w.pio.insert(
+        u64::from(layout::ACPI_SLEEP_PORT),
+        1,
+        Arc::new(Mutex::new(sleep)),
+    )?;
+    w.subscribers.push(Arc::new(Mutex::new(ExitLine {
+        evt: power_off,
+        exit: exit.clone(),
+        reason: VmExit::PowerOff,
+        what: "ACPI power-off line",
     })));
     Ok(i8042)
 }

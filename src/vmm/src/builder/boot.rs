@@ -1,5 +1,5 @@
 //! What the guest finds in memory at boot: the kernel and initrd, the command line, the boot
-//! information of its entry protocol, the MP table and the early GDT and IDT.
+//! information of its entry protocol, the MP table, the ACPI tables and the early GDT and IDT.
 
 use std::path::Path;
 
@@ -54,23 +54,40 @@ pub(super) fn write_cmdline(mem: &GuestMemory, cmdline: &str) -> Result<(), Buil
     Ok(())
 }
 
+/// What the boot information and tables describe besides the kernel.
+pub(super) struct Machine<'a> {
+    pub vcpus: u8,
+    pub mem_bytes: u64,
+    pub cmdline_size: usize,
+    pub virtio_mmio: &'a [arch::acpi::VirtioMmio],
+}
+
 pub(super) fn write_boot_info(
     mem: &GuestMemory,
     kernel: &KernelEntry,
     initrd: Option<InitrdPlacement>,
-    vcpus: u8,
-    mem_bytes: u64,
-    cmdline_size: usize,
+    machine: &Machine,
 ) -> Result<(), BuildError> {
-    let e820 = boot_params::e820_map(&layout::ram_regions(mem_bytes));
+    let e820 = boot_params::e820_map(&layout::ram_regions(machine.mem_bytes));
+    arch::mptable::write(mem, machine.vcpus)?;
+    let acpi = arch::acpi::Machine {
+        cpus: machine.vcpus,
+        virtio_mmio: machine.virtio_mmio,
+    };
+    let rsdp = arch::acpi::write(mem, &acpi)?;
     match kernel.protocol {
         BootProtocol::Linux64 => {
-            let params = boot_params::zero_page(kernel.setup_header, cmdline_size, initrd, &e820)?;
+            let params = boot_params::zero_page(
+                kernel.setup_header,
+                machine.cmdline_size,
+                initrd,
+                &e820,
+                rsdp,
+            )?;
             boot_params::write_zero_page(mem, &params)?;
         }
-        BootProtocol::Pvh => boot_params::write_pvh_info(mem, initrd, &e820)?,
+        BootProtocol::Pvh => boot_params::write_pvh_info(mem, initrd, &e820, rsdp)?,
     }
-    arch::mptable::write(mem, vcpus)?;
     let gdt = arch::gdt::table(kernel.protocol == BootProtocol::Linux64);
     for (i, entry) in gdt.iter().enumerate() {
         mem.write_obj(*entry, GuestAddress(layout::GDT_ADDR + 8 * i as u64))?;

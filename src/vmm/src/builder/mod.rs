@@ -48,6 +48,8 @@ pub enum BuildError {
     BootParams(#[from] arch::boot_params::Error),
     #[error("{0}")]
     MpTable(#[from] arch::mptable::Error),
+    #[error("{0}")]
+    Acpi(#[from] arch::acpi::Error),
     #[error("cannot write the boot tables into guest memory: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
     #[error("drive {id}: {source}")]
@@ -241,14 +243,13 @@ fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Pa
     cmdline.push_str(&attached.kernel_args);
 
     boot::write_cmdline(mem, &cmdline)?;
-    boot::write_boot_info(
-        mem,
-        &kernel,
-        initrd,
-        machine.vcpu_count,
+    let described = boot::Machine {
+        vcpus: machine.vcpu_count,
         mem_bytes,
-        cmdline.len() + 1,
-    )?;
+        cmdline_size: cmdline.len() + 1,
+        virtio_mmio: &attached.virtio_mmio,
+    };
+    boot::write_boot_info(mem, &kernel, initrd, &described)?;
     let cr3 = arch::paging::write_identity_tables(mem)?;
     let entry = BootEntry {
         protocol: kernel.protocol,
