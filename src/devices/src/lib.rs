@@ -8,6 +8,7 @@
 
 pub mod bus;
 pub mod legacy;
+pub mod pci;
 pub mod rate_limiter;
 mod sys;
 pub mod virtio;

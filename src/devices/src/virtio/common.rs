@@ -8,14 +8,14 @@ use std::sync::Arc;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueState, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{ActivateError, GuestMemory, InterruptKind, IrqTrigger};
+use super::{ActivateError, GuestMemory, Interrupt, InterruptKind};
 
 /// A started device's queues, in the order the device defines, with guest memory and the
 /// interrupt that tells the driver about used buffers.
 pub struct Active {
     pub mem: GuestMemory,
     pub queues: Vec<Queue>,
-    pub irq: Arc<IrqTrigger>,
+    pub irq: Arc<dyn Interrupt>,
 }
 
 impl std::fmt::Debug for Active {
@@ -53,14 +53,14 @@ impl Active {
             used_any = true;
         }
         if used_any {
-            self.notify();
+            self.notify(queue);
         }
         used_any
     }
 
-    /// Tells the driver that a used ring moved.
-    pub fn notify(&self) {
-        if let Err(e) = self.irq.trigger(InterruptKind::Queue) {
+    /// Tells the driver that the used ring of `queue` moved.
+    pub fn notify(&self, queue: usize) {
+        if let Err(e) = self.irq.trigger(InterruptKind::Queue(queue as u16)) {
             log::debug!("virtio: cannot raise the interrupt: {e}");
         }
     }
@@ -141,7 +141,7 @@ impl VirtioCommon {
         &mut self,
         mem: GuestMemory,
         queues: Vec<Queue>,
-        irq: Arc<IrqTrigger>,
+        irq: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
         let expected = self.queue_max_sizes.len();
         if queues.len() != expected {
@@ -180,5 +180,50 @@ impl VirtioCommon {
             .iter()
             .flat_map(|a| a.queues.iter().map(Queue::state))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use virtio_queue::desc::split::Descriptor;
+    use virtio_queue::desc::RawDescriptor;
+    use virtio_queue::mock::MockSplitQueue;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    use super::*;
+
+    /// Records what it was asked to raise.
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<InterruptKind>>);
+
+    impl Interrupt for Recorder {
+        fn trigger(&self, kind: InterruptKind) -> std::io::Result<()> {
+            self.0.lock().unwrap().push(kind);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn serving_a_queue_interrupts_for_that_queue_once() {
+        let mem: GuestMemory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let idle = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        let busy = MockSplitQueue::create(&mem, GuestAddress(0x10000), 16);
+        for i in 0..2u16 {
+            let d = RawDescriptor::from(Descriptor::new(0x40000 + 64 * u64::from(i), 64, 2, 0));
+            busy.desc_table().store(i, d).unwrap();
+            busy.avail().ring().ref_at(usize::from(i)).unwrap().store(i);
+        }
+        busy.avail().idx().store(2);
+        let irq = Arc::new(Recorder::default());
+        let mut active = Active {
+            mem: mem.clone(),
+            queues: vec![idle.create_queue().unwrap(), busy.create_queue().unwrap()],
+            irq: irq.clone(),
+        };
+        assert!(active.serve_queue(1, |_, _| Some(8)));
+        assert!(!active.serve_queue(0, |_, _| Some(8)));
+        assert_eq!(*irq.0.lock().unwrap(), vec![InterruptKind::Queue(1)]);
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use virtio_queue::{Queue, QueueState};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{GuestMemory, IrqTrigger, VirtioCommon};
+use super::{GuestMemory, Interrupt, VirtioCommon};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ActivateError {
@@ -69,7 +69,7 @@ pub trait VirtioDevice: Send {
         &mut self,
         mem: GuestMemory,
         queues: Vec<Queue>,
-        irq: Arc<IrqTrigger>,
+        irq: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
         let result = self.common_mut().activate(mem, queues, irq);
         if matches!(result, Err(ActivateError::InvalidQueue(_))) {

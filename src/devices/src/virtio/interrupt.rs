@@ -1,5 +1,7 @@
-//! A virtio device's interrupt: the InterruptStatus bits the guest reads and acknowledges,
-//! and the irqfd that raises the line.
+//! How a virtio device interrupts its driver, whatever the transport: the [`Interrupt`]
+//! trait a device calls, and the virtio-mmio transport's [`IrqTrigger`] (the
+//! InterruptStatus bits the guest reads and acknowledges, and the irqfd that raises the
+//! line).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -9,10 +11,16 @@ use vmm_sys_util::eventfd::EventFd;
 /// Why the device interrupts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InterruptKind {
-    /// The device put buffers in a used ring.
-    Queue,
+    /// The device put buffers in the used ring of this queue (a transport with a vector per
+    /// queue interrupts that queue's; virtio-mmio has one line for all).
+    Queue(u16),
     /// The configuration space (or the device status) changed.
     Config,
+}
+
+/// What a device holds to interrupt its driver; the transport decides how.
+pub trait Interrupt: Send + Sync + std::fmt::Debug {
+    fn trigger(&self, kind: InterruptKind) -> std::io::Result<()>;
 }
 
 #[derive(Debug)]
@@ -33,15 +41,6 @@ impl IrqTrigger {
         &self.irqfd
     }
 
-    pub fn trigger(&self, kind: InterruptKind) -> std::io::Result<()> {
-        let bit = match kind {
-            InterruptKind::Queue => VIRTIO_MMIO_INT_VRING,
-            InterruptKind::Config => VIRTIO_MMIO_INT_CONFIG,
-        };
-        self.status.fetch_or(bit, Ordering::SeqCst);
-        self.irqfd.write(1)
-    }
-
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
     }
@@ -60,5 +59,16 @@ impl IrqTrigger {
 
     pub fn clear(&self) {
         self.status.store(0, Ordering::SeqCst);
+    }
+}
+
+impl Interrupt for IrqTrigger {
+    fn trigger(&self, kind: InterruptKind) -> std::io::Result<()> {
+        let bit = match kind {
+            InterruptKind::Queue(_) => VIRTIO_MMIO_INT_VRING,
+            InterruptKind::Config => VIRTIO_MMIO_INT_CONFIG,
+        };
+        self.status.fetch_or(bit, Ordering::SeqCst);
+        self.irqfd.write(1)
     }
 }

@@ -13,7 +13,7 @@ use virtio_bindings::virtio_config::{
 use virtio_queue::{Queue, QueueT};
 
 use super::snapshot::{QueueSnapshot, RestoreError, TransportSnapshot};
-use super::{GuestMemory, InterruptKind, IrqTrigger, VirtioDevice};
+use super::{GuestMemory, Interrupt, InterruptKind, IrqTrigger, VirtioDevice};
 use crate::bus::{lock, BusDevice};
 
 const MAGIC: u32 = 0x7472_6976; // "virt"

@@ -17,7 +17,7 @@ pub mod vsock;
 
 pub use common::{Active, VirtioCommon};
 pub use device::{ActivateError, VirtioDevice};
-pub use interrupt::{InterruptKind, IrqTrigger};
+pub use interrupt::{Interrupt, InterruptKind, IrqTrigger};
 pub use mmio::MmioTransport;
 
 /// Guest memory as devices see it. Each region's bitmap records the pages the VMM writes

@@ -293,7 +293,7 @@ impl Balloon {
             self.host_page_size,
         );
         if used {
-            active.notify();
+            active.notify(queue);
         }
         self.common.active = Some(active);
         if done {
@@ -375,7 +375,7 @@ impl Balloon {
             return;
         };
         let _ = active.queues[STATS].add_used(&active.mem, head, 0);
-        active.notify();
+        active.notify(STATS);
     }
 }
 

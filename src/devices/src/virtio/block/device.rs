@@ -313,7 +313,7 @@ impl Block {
             used_any = true;
         }
         if used_any {
-            active.notify();
+            active.notify(0);
         }
         self.common.active = Some(active);
         if let Some(ring) = &mut self.ring {
@@ -416,7 +416,7 @@ impl Block {
                 log::debug!("block {}: used ring update failed", self.id);
             }
         }
-        active.notify();
+        active.notify(0);
     }
 
     /// Waits for every Async request in flight and answers them: before a snapshot saves

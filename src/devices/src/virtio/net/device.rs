@@ -26,7 +26,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, VNET_HDR_LEN};
 use crate::rate_limiter::{BucketUpdate, RateLimiter, RateLimiterConfig};
 use crate::virtio::device::read_config_bytes;
-use crate::virtio::{GuestMemory, InterruptKind, IrqTrigger, VirtioCommon, VirtioDevice};
+use crate::virtio::{GuestMemory, Interrupt, InterruptKind, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 const RX: usize = 0;
@@ -252,7 +252,7 @@ impl Net {
             self.rx_len = 0;
         }
         if used_any {
-            notify(&mut active.queues[RX], &active.mem, &active.irq);
+            notify(&mut active.queues[RX], RX, &active.mem, &*active.irq);
         }
         self.common.active = Some(active);
         self.arm_mmds_timer();
@@ -357,7 +357,7 @@ impl Net {
             }
         }
         if used_any {
-            notify(&mut active.queues[TX], &active.mem, &active.irq);
+            notify(&mut active.queues[TX], TX, &active.mem, &*active.irq);
         }
         self.common.active = Some(active);
         if to_mmds {
@@ -409,9 +409,9 @@ fn set_num_buffers(frame: &mut [u8]) {
 }
 
 /// Interrupts the guest unless it asked not to be (VRING_AVAIL_F_NO_INTERRUPT).
-fn notify(queue: &mut Queue, mem: &GuestMemory, irq: &IrqTrigger) {
+fn notify(queue: &mut Queue, index: usize, mem: &GuestMemory, irq: &dyn Interrupt) {
     if queue.needs_notification(mem).unwrap_or(true) {
-        let _ = irq.trigger(InterruptKind::Queue);
+        let _ = irq.trigger(InterruptKind::Queue(index as u16));
     }
 }
 

@@ -276,7 +276,7 @@ impl VirtioDevice for Vsock {
             .add_used(&active.mem, head, len)
             .is_ok()
         {
-            active.notify();
+            active.notify(EVENT);
             self.reset_unacked = Some(Instant::now() + RESET_ACK_WAIT);
         }
     }

@@ -94,7 +94,7 @@ impl Vsock {
             used_any = true;
         }
         if used_any {
-            active.notify();
+            active.notify(RX);
         }
         self.buf = buf;
         self.common.active = Some(active);

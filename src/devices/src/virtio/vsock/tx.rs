@@ -41,7 +41,7 @@ impl Vsock {
             }
         }
         if used_any {
-            active.notify();
+            active.notify(TX);
         }
         self.buf = buf;
         self.common.active = Some(active);
