@@ -9,10 +9,12 @@ pub mod device;
 pub mod interrupt;
 pub mod mmio;
 pub mod net;
+pub mod pci;
 pub mod rng;
 pub mod snapshot;
 #[cfg(test)]
 mod test_utils;
+pub mod transport_state;
 pub mod vsock;
 
 pub use common::{Active, VirtioCommon};

@@ -8,7 +8,9 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
+use crate::virtio::transport_state::*;
 use crate::virtio::VirtioCommon;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 
 struct Dummy {
     common: VirtioCommon,
