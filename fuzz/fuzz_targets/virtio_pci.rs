@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 struct NoRoutes;
 
 impl MsiRouter for NoRoutes {
-    fn route(&self, _vector: u16, _message: Option<Message>) -> std::io::Result<()> {
+    fn route(&self, _messages: &[Option<Message>]) -> std::io::Result<()> {
         Ok(())
     }
 }

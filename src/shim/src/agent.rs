@@ -78,8 +78,8 @@ impl Agent {
     /// Sends `request` (its `op` and fields) and returns what the agent answered `ok` with.
     /// `timeout` bounds the wait for the answer (`None`: a `wait` for a process's exit).
     pub fn call(&self, request: Value, timeout: Option<Duration>) -> Result<Value, Error> {
-        let s = self.connect_patiently(timeout)?;
-        send(s, request)
+        let mut s = self.connect_patiently(timeout)?;
+        send(&mut s, request)
     }
 
     /// The same, bounded: a request takes milliseconds on hardware virtualisation, but a
@@ -93,7 +93,7 @@ impl Agent {
     /// takes up (as once right after a restore) is given up on and the next one tried.
     pub fn answers(&self, timeout: Duration) -> bool {
         self.connect(Some(timeout))
-            .and_then(|s| send(s, json!({"op": "ping"})))
+            .and_then(|mut s| send(&mut s, json!({"op": "ping"})))
             .is_ok()
     }
 
@@ -106,21 +106,20 @@ impl Agent {
         which: &str,
     ) -> Result<UnixStream, Error> {
         let mut s = self.connect_patiently(Some(ANSWER_TIMEOUT))?;
-        let request = json!({"v": 1, "op": "stdio", "id": id, "exec_id": exec_id, "stream": which});
-        s.write_all(format!("{request}\n").as_bytes())
-            .map_err(|e| Error::NoAnswer(e.to_string()))?;
-        answer(&mut s)?;
+        let request = json!({"op": "stdio", "id": id, "exec_id": exec_id, "stream": which});
+        send(&mut s, request)?;
         s.set_read_timeout(None).map_err(Error::Unreachable)?;
         Ok(s)
     }
 }
 
-/// Writes `request` (as version 1) on a connection and reads the answer.
-fn send(mut s: UnixStream, mut request: Value) -> Result<Value, Error> {
+/// Writes `request` (as version 1) on a connection and reads the answer; what follows the
+/// answer line (a stream) stays unread on `s`.
+fn send(s: &mut UnixStream, mut request: Value) -> Result<Value, Error> {
     request["v"] = json!(1);
     s.write_all(format!("{request}\n").as_bytes())
         .map_err(|e| Error::NoAnswer(e.to_string()))?;
-    answer(&mut s)
+    answer(s)
 }
 
 fn answer(s: &mut UnixStream) -> Result<Value, Error> {

@@ -145,10 +145,12 @@ static void read_boot_info(int kind, u64 info) {
 
 static u8 sum(const u8 *p, u64 n) { u8 s = 0; while (n--) s += *p++; return s; }
 
-static const u8 *find_mp(u64 start, u64 end) {
-    for (u64 a = start; a + 16 <= end; a += 16) {
+/* The first 16-byte-aligned structure in [start, end) that begins with `sig` and whose first
+ * `summed` bytes sum to zero: the MP floating pointer, the ACPI root pointer. */
+static const u8 *find_signed(u64 start, u64 end, const char *sig, u64 summed) {
+    for (u64 a = start; a + summed <= end; a += 16) {
         const u8 *p = (const u8 *)a;
-        if (!memcmp(p, "_MP_", 4) && sum(p, 16) == 0) return p;
+        if (!memcmp(p, sig, strlen(sig)) && sum(p, summed) == 0) return p;
     }
     return 0;
 }
@@ -156,8 +158,8 @@ static const u8 *find_mp(u64 start, u64 end) {
 static u32 cpu_ids[64];
 
 static u32 read_mptable(void) {
-    const u8 *fp = find_mp(0x9fc00, 0xa0000);
-    if (!fp) fp = find_mp(0xf0000, 0x100000);
+    const u8 *fp = find_signed(0x9fc00, 0xa0000, "_MP_", 16);
+    if (!fp) fp = find_signed(0xf0000, 0x100000, "_MP_", 16);
     if (!fp) { line("mptable missing"); end(); return 0; }
     const u8 *t = (const u8 *)(u64)*(const u32 *)(fp + 4);
     u16 len = *(const u16 *)(t + 4);
@@ -182,14 +184,6 @@ static u32 read_mptable(void) {
 static u64 acpi_sleep_port;
 static u8 acpi_s5_type = 0xff;
 
-static const u8 *find_rsdp(void) {
-    for (u64 a = 0xe0000; a + 36 <= 0x100000; a += 16) {
-        const u8 *p = (const u8 *)a;
-        if (!memcmp(p, "RSD PTR ", 8) && sum(p, 20) == 0) return p;
-    }
-    return 0;
-}
-
 /* The table at `addr`, if its checksum holds; counts the bad ones in `bad`. */
 static const u8 *acpi_table(u64 addr, u32 *bad) {
     const u8 *t = (const u8 *)addr;
@@ -210,7 +204,7 @@ static u32 read_dsdt(const u8 *d) {
 
 static void read_acpi(int kind, u64 info) {
     u64 given = kind == BOOT_PVH ? rd64(info + 32) : rd64(info + 0x70);
-    const u8 *rsdp = find_rsdp();
+    const u8 *rsdp = find_signed(0xe0000, 0x100000, "RSD PTR ", 20);
     if (!rsdp) { line("acpi missing"); end(); return; }
     u32 bad = sum(rsdp, 36) != 0;
     const u8 *xsdt = acpi_table(rd64((u64)rsdp + 24), &bad);

@@ -23,7 +23,6 @@ const FIRST_CAPABILITY: usize = 0x40;
 
 /// Command bits software may set: memory space, bus master, INTx disable.
 const COMMAND_WRITABLE: u16 = (1 << 1) | (1 << 2) | (1 << 10);
-pub const COMMAND_MEMORY: u16 = 1 << 1;
 const STATUS_CAPABILITIES: u16 = 1 << 4;
 const BAR_64BIT: u32 = 0b100;
 const BAR_PREFETCHABLE: u32 = 0b1000;
@@ -152,10 +151,6 @@ impl ConfigSpace {
         u16::from_le_bytes([self.bytes[at], self.bytes[at + 1]])
     }
 
-    pub fn command(&self) -> u16 {
-        self.word(COMMAND)
-    }
-
     /// Where BAR `index` is, if the guest has placed it (any non-zero address).
     pub fn bar_address(&self, index: usize) -> Option<u64> {
         self.bars.get(index)?;
@@ -174,15 +169,6 @@ impl ConfigSpace {
         let lo = (addr as u32) | BAR_64BIT | BAR_PREFETCHABLE;
         self.put(at, &lo.to_le_bytes());
         self.put(at + 4, &((addr >> 32) as u32).to_le_bytes());
-    }
-
-    /// The whole 256 bytes, for a snapshot; [`ConfigSpace::restore_bytes`] takes them back.
-    pub fn bytes(&self) -> &[u8; CONFIG_SIZE] {
-        &self.bytes
-    }
-
-    pub fn restore_bytes(&mut self, bytes: &[u8; CONFIG_SIZE]) {
-        self.bytes = *bytes;
     }
 }
 
@@ -243,7 +229,7 @@ mod tests {
         c.write(0, &0u32.to_le_bytes());
         assert_eq!(read32(&c, 0), 0x1042_1af4);
         c.write(4, &0xffffu16.to_le_bytes());
-        assert_eq!(c.command(), COMMAND_WRITABLE);
+        assert_eq!(c.word(COMMAND), COMMAND_WRITABLE);
         let mut b = [0xaau8; 4];
         c.read(2, &mut b); // misaligned
         assert_eq!(b, [0; 4]);

@@ -58,6 +58,17 @@ impl Active {
         used_any
     }
 
+    /// The same, unless the driver asked not to be told (VRING_AVAIL_F_NO_INTERRUPT, or
+    /// its used-event index with EVENT_IDX).
+    pub fn notify_if_wanted(&mut self, queue: usize) {
+        if self.queues[queue]
+            .needs_notification(&self.mem)
+            .unwrap_or(true)
+        {
+            self.notify(queue);
+        }
+    }
+
     /// Tells the driver that the used ring of `queue` moved.
     pub fn notify(&self, queue: usize) {
         if let Err(e) = self.irq.trigger(InterruptKind::Queue(queue as u16)) {

@@ -84,15 +84,6 @@ impl TransportState {
         }
     }
 
-    pub fn activated(&self) -> bool {
-        self.activated
-    }
-
-    /// How many queues the device has.
-    pub fn queue_count(&self) -> usize {
-        lock(&self.device).queue_max_sizes().len()
-    }
-
     /// The selected 32 bits of the features the device offers.
     pub fn device_features_word(&self) -> u32 {
         let offered = lock(&self.device).avail_features();

@@ -182,10 +182,11 @@ pub struct Ember {
     stderr: Arc<Mutex<String>>,
 }
 
-/// Gathers what `from` gives, on a thread; `ended` is set at its end.
-fn collect(mut from: impl Read + Send + 'static, ended: Arc<AtomicBool>) -> Arc<Mutex<String>> {
+/// Gathers what `from` gives, on a thread; the flag is set at its end.
+fn collect(mut from: impl Read + Send + 'static) -> (Arc<Mutex<String>>, Arc<AtomicBool>) {
     let text = Arc::new(Mutex::new(String::new()));
-    let sink = text.clone();
+    let ended = Arc::new(AtomicBool::new(false));
+    let (sink, done) = (text.clone(), ended.clone());
     std::thread::spawn(move || {
         let mut chunk = [0u8; 4096];
         while let Ok(n) = from.read(&mut chunk) {
@@ -196,9 +197,9 @@ fn collect(mut from: impl Read + Send + 'static, ended: Arc<AtomicBool>) -> Arc<
                 .unwrap()
                 .push_str(&String::from_utf8_lossy(&chunk[..n]));
         }
-        ended.store(true, Ordering::SeqCst);
+        done.store(true, Ordering::SeqCst);
     });
-    text
+    (text, ended)
 }
 
 impl Ember {
@@ -232,12 +233,8 @@ impl Ember {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start ember");
-        let stdout_ended = Arc::new(AtomicBool::new(false));
-        let stdout = collect(child.stdout.take().unwrap(), stdout_ended.clone());
-        let stderr = collect(
-            child.stderr.take().unwrap(),
-            Arc::new(AtomicBool::new(false)),
-        );
+        let (stdout, stdout_ended) = collect(child.stdout.take().unwrap());
+        let (stderr, _) = collect(child.stderr.take().unwrap());
         let ember = Ember {
             child,
             sock,

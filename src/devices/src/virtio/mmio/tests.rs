@@ -8,55 +8,18 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::*;
+use crate::virtio::test_utils::CountingDevice;
 use crate::virtio::transport_state::*;
-use crate::virtio::VirtioCommon;
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
-
-struct Dummy {
-    common: VirtioCommon,
-    activations: Arc<AtomicU32>,
-    resets: u32,
-    restored: u32,
-}
-
-impl VirtioDevice for Dummy {
-    fn common(&self) -> &VirtioCommon {
-        &self.common
-    }
-    fn common_mut(&mut self) -> &mut VirtioCommon {
-        &mut self.common
-    }
-    fn device_type(&self) -> u32 {
-        42
-    }
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        crate::virtio::device::read_config_bytes(&[1, 2, 3, 4, 5, 6, 7, 8], offset, data);
-    }
-    fn activated(&mut self) {
-        self.activations.fetch_add(1, Ordering::SeqCst);
-    }
-    fn reset_device(&mut self) {
-        self.resets += 1;
-    }
-    fn restored(&mut self) {
-        self.restored += 1;
-    }
-}
 
 struct Fixture {
     transport: MmioTransport,
-    device: Arc<Mutex<Dummy>>,
+    device: Arc<Mutex<CountingDevice>>,
     activations: Arc<AtomicU32>,
 }
 
 fn fixture() -> Fixture {
-    let activations = Arc::new(AtomicU32::new(0));
-    let device = Arc::new(Mutex::new(Dummy {
-        common: VirtioCommon::new((1 << VIRTIO_F_VERSION_1) | 0b101, &[16, 8]).unwrap(),
-        activations: activations.clone(),
-        resets: 0,
-        restored: 0,
-    }));
+    let (device, activations) = CountingDevice::new(&[16, 8]);
+    let device = Arc::new(Mutex::new(device));
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
     let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
     let transport = MmioTransport::new(device.clone(), mem, irq);

@@ -18,7 +18,7 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_TSO4, VIRTIO_NET_F_GUEST_TSO6,
     VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6, VIRTIO_NET_F_MAC, VIRTIO_NET_F_MTU,
 };
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::Bytes;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::timerfd::TimerFd;
@@ -26,7 +26,7 @@ use vmm_sys_util::timerfd::TimerFd;
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, VNET_HDR_LEN};
 use crate::rate_limiter::{BucketUpdate, RateLimiter, RateLimiterConfig};
 use crate::virtio::device::read_config_bytes;
-use crate::virtio::{GuestMemory, Interrupt, InterruptKind, VirtioCommon, VirtioDevice};
+use crate::virtio::{VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 const RX: usize = 0;
@@ -252,7 +252,7 @@ impl Net {
             self.rx_len = 0;
         }
         if used_any {
-            notify(&mut active.queues[RX], RX, &active.mem, &*active.irq);
+            active.notify_if_wanted(RX);
         }
         self.common.active = Some(active);
         self.arm_mmds_timer();
@@ -357,7 +357,7 @@ impl Net {
             }
         }
         if used_any {
-            notify(&mut active.queues[TX], TX, &active.mem, &*active.irq);
+            active.notify_if_wanted(TX);
         }
         self.common.active = Some(active);
         if to_mmds {
@@ -406,13 +406,6 @@ impl Net {
 /// TAP leaves those two bytes as they were).
 fn set_num_buffers(frame: &mut [u8]) {
     frame[10..12].copy_from_slice(&1u16.to_le_bytes());
-}
-
-/// Interrupts the guest unless it asked not to be (VRING_AVAIL_F_NO_INTERRUPT).
-fn notify(queue: &mut Queue, index: usize, mem: &GuestMemory, irq: &dyn Interrupt) {
-    if queue.needs_notification(mem).unwrap_or(true) {
-        let _ = irq.trigger(InterruptKind::Queue(index as u16));
-    }
 }
 
 impl VirtioDevice for Net {

@@ -51,27 +51,13 @@ fn field(offset: u64, len: usize) -> Option<(u64, bool)> {
     }
 }
 
-fn selected(irq: &PciInterrupt, state: &TransportState) -> Option<usize> {
-    let q = state.queue_sel as usize;
-    (q < irq
-        .vectors
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .queues
-        .len())
-    .then_some(q)
-}
-
 pub fn read(state: &TransportState, irq: &PciInterrupt, offset: u64, data: &mut [u8]) {
     data.fill(0);
     let Some((f, high)) = field(offset, data.len()) else {
         return;
     };
-    let vectors = irq
-        .vectors
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let vectors = irq.vectors.lock().unwrap_or_else(|e| e.into_inner());
+    let sel = state.queue_sel as usize;
     let queue = state.selected_queue();
     let value: u64 = match f {
         DEVICE_FEATURE_SELECT => u64::from(state.device_features_sel),
@@ -84,12 +70,10 @@ pub fn read(state: &TransportState, irq: &PciInterrupt, offset: u64, data: &mut 
         CONFIG_GENERATION => u64::from(crate::bus::lock(&state.device).config_generation() as u8),
         QUEUE_SELECT => u64::from(state.queue_sel as u16),
         QUEUE_SIZE => queue.map_or(0, |q| u64::from(q.size())),
-        QUEUE_MSIX_VECTOR => {
-            selected(irq, state).map_or(u64::from(NO_VECTOR), |q| u64::from(vectors.queues[q]))
-        }
+        QUEUE_MSIX_VECTOR => u64::from(vectors.queues.get(sel).copied().unwrap_or(NO_VECTOR)),
         QUEUE_ENABLE => queue.map_or(0, |q| u64::from(q.ready())),
         // Each queue's notification address is its index times the multiplier.
-        QUEUE_NOTIFY_OFF => selected(irq, state).map_or(0, |q| q as u64),
+        QUEUE_NOTIFY_OFF if sel < vectors.queues.len() => sel as u64,
         QUEUE_DESC => queue.map_or(0, |q| q.desc_table()),
         QUEUE_DRIVER => queue.map_or(0, |q| q.avail_ring()),
         QUEUE_DEVICE => queue.map_or(0, |q| q.used_ring()),
@@ -125,11 +109,11 @@ pub fn write(state: &mut TransportState, irq: &PciInterrupt, offset: u64, data: 
             }
         }
         QUEUE_SELECT => state.queue_sel = u32::from(value as u16),
-        QUEUE_MSIX_VECTOR => {
+        QUEUE_MSIX_VECTOR if state.queue_to_set_up().is_some() => {
             let v = value as u16;
-            if let (Some(q), true) = (selected(irq, state), state.queue_to_set_up().is_some()) {
-                irq.vectors.lock().unwrap_or_else(|e| e.into_inner()).queues[q] =
-                    if vectors_ok(v) { v } else { NO_VECTOR };
+            let mut vectors = irq.vectors.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(slot) = vectors.queues.get_mut(state.queue_sel as usize) {
+                *slot = if vectors_ok(v) { v } else { NO_VECTOR };
             }
         }
         _ => write_queue(state, f, high, data.len(), value),

@@ -17,8 +17,9 @@ const ISR_CONFIG: u8 = 2;
 
 /// How the VMM keeps KVM's routes equal to the guest's MSI-X table.
 pub trait MsiRouter: Send + Sync + std::fmt::Debug {
-    /// Points `vector`'s route at `message`, or removes it (masked, disabled).
-    fn route(&self, vector: u16, message: Option<Message>) -> std::io::Result<()>;
+    /// Points each vector's route at its message, or removes it (None: masked, disabled).
+    /// All at once, as KVM replaces its whole routing table in one call.
+    fn route(&self, messages: &[Option<Message>]) -> std::io::Result<()>;
 }
 
 /// Which vector each queue and configuration changes use.
@@ -67,12 +68,11 @@ impl PciInterrupt {
     /// the messages that were pending on a vector now unmasked.
     pub fn update_routes(&self, released: Vec<(u16, Message)>) {
         let msix = self.msix.lock().unwrap_or_else(|e| e.into_inner());
-        for v in 0..self.vector_count() {
-            if let Err(e) = self.router.route(v, msix.route(v)) {
-                log::warn!("virtio-pci: cannot route MSI-X vector {v}: {e}");
-            }
-        }
+        let messages: Vec<_> = (0..self.vector_count()).map(|v| msix.route(v)).collect();
         drop(msix);
+        if let Err(e) = self.router.route(&messages) {
+            log::warn!("virtio-pci: cannot route the MSI-X vectors: {e}");
+        }
         for (v, _) in released {
             let _ = self.irqfds[usize::from(v)].write(1);
         }
