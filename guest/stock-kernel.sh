@@ -38,23 +38,26 @@ dpkg-deb -x "$work"/*.deb "$work/pkg"
 release=$(ls "$work/pkg/lib/modules")
 modules="$work/pkg/lib/modules/$release/kernel"
 
-# The initramfs: busybox, the four modules in dependency order, and an init that mounts the
-# root disk and switches to it (its /sbin/init is the project's, which runs ember_cmd).
+# The initramfs: busybox, the virtio modules in dependency order (virtio-mmio, and
+# virtio-pci for `--enable-pci`), and an init that mounts the root disk and switches to it
+# (its /sbin/init is the project's, which runs ember_cmd).
 tree="$work/initrd"
+MODULES="virtio_ring virtio virtio_mmio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk"
 mkdir -p "$tree/bin" "$tree/lib/modules" "$tree/proc" "$tree/sys" "$tree/dev" "$tree/newroot"
 cp /bin/busybox "$tree/bin/busybox"
-for m in virtio_ring virtio virtio_mmio virtio_blk; do
+for m in $MODULES; do
     found=$(find "$modules" -name "$m.ko" | head -n 1)
     [ -n "$found" ] || fail "$pkg has no $m.ko"
     cp "$found" "$tree/lib/modules/"
 done
-cat > "$tree/init" <<'INIT'
-#!/bin/busybox sh
-# Loads the virtio modules, waits for the root disk the DSDT describes, and switches to it.
+{ echo "#!/bin/busybox sh"; echo "MODULES=\"$MODULES\""; } > "$tree/init"
+cat >> "$tree/init" <<'INIT'
+# Loads the virtio modules, waits for the root disk (described by the DSDT, or found on the
+# PCI bus), and switches to it.
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mount -t sysfs sysfs /sys
 /bin/busybox mount -t devtmpfs devtmpfs /dev
-for m in virtio_ring virtio virtio_mmio virtio_blk; do
+for m in $MODULES; do
     /bin/busybox insmod "/lib/modules/$m.ko" || echo "stock-initrd: insmod $m failed"
 done
 n=0

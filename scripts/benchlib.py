@@ -9,8 +9,12 @@ import subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # EMBER_BIN times another build (another libc, an older commit) with the same scripts.
 EMBER = os.environ.get("EMBER_BIN") or os.path.join(ROOT, "target/x86_64-unknown-linux-musl/release/ember")
+# EMBER_PCI=1: every benchmark's microVM with --enable-pci (its devices on virtio-pci).
+PCI = os.environ.get("EMBER_PCI") == "1"
+EMBER_FLAGS = ["--enable-pci"] if PCI else []
 # The guest kernel command line of the Linux guest in both benchmarks.
-LINUX_ARGS = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
+LINUX_ARGS = "console=ttyS0 reboot=k panic=1 i8042.noaux i8042.nomux i8042.dumbkbd" + (
+    "" if PCI else " pci=off")
 
 
 def sh(*cmd, **kw):

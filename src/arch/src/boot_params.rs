@@ -48,8 +48,10 @@ pub struct InitrdPlacement {
 }
 
 /// The e820 map for the given RAM regions: low memory up to the EBDA, the EBDA and BIOS area
-/// reserved (the MP table lives there), then every RAM region from 1 MiB on.
-pub fn e820_map(ram: &[(GuestAddress, u64)]) -> Vec<E820Entry> {
+/// reserved (the MP table lives there), then every RAM region from 1 MiB on and the
+/// `reserved` ranges (PCI's ECAM window, which a kernel checks before it trusts the MCFG
+/// table), in address order.
+pub fn e820_map(ram: &[(GuestAddress, u64)], reserved: &[(u64, u64)]) -> Vec<E820Entry> {
     let mut map = vec![
         E820Entry {
             addr: 0,
@@ -73,6 +75,14 @@ pub fn e820_map(ram: &[(GuestAddress, u64)]) -> Vec<E820Entry> {
             });
         }
     }
+    for &(addr, size) in reserved {
+        map.push(E820Entry {
+            addr,
+            size,
+            kind: E820_RESERVED,
+        });
+    }
+    map.sort_by_key(|e| e.addr);
     map
 }
 
@@ -172,8 +182,18 @@ mod tests {
     use vm_memory::GuestMemoryMmap;
 
     #[test]
+    fn reserved_ranges_sit_in_address_order() {
+        let ecam = (0xe000_0000, 0x10_0000);
+        let map = e820_map(&ram_regions(4096 << 20), &[ecam]);
+        let addrs: Vec<u64> = map.iter().map(|e| e.addr).collect();
+        assert_eq!(addrs, [0, EBDA_START, HIMEM_START, 0xe000_0000, 1 << 32]);
+        assert_eq!(map[3].kind, E820_RESERVED);
+        assert_eq!(map[3].size, 0x10_0000);
+    }
+
+    #[test]
     fn e820_covers_both_sides_of_the_gap() {
-        let map = e820_map(&ram_regions(4096 << 20));
+        let map = e820_map(&ram_regions(4096 << 20), &[]);
         let ram: u64 = map
             .iter()
             .filter(|e| e.kind == E820_RAM)
@@ -193,7 +213,7 @@ mod tests {
 
     #[test]
     fn zero_page_fields_sit_where_the_boot_protocol_says() {
-        let e820 = e820_map(&ram_regions(128 << 20));
+        let e820 = e820_map(&ram_regions(128 << 20), &[]);
         let initrd = InitrdPlacement {
             addr: 0x7000_0000,
             size: 0x1234,
@@ -233,7 +253,7 @@ mod tests {
     #[test]
     fn pvh_info_lists_memory_and_initrd() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let e820 = e820_map(&ram_regions(128 << 20));
+        let e820 = e820_map(&ram_regions(128 << 20), &[]);
         let initrd = InitrdPlacement {
             addr: 0x10_0000,
             size: 77,

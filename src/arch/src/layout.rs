@@ -39,6 +39,12 @@ pub const HIMEM_START: u64 = 0x10_0000;
 /// The hole below 4 GiB left for devices; RAM that does not fit below it goes above 4 GiB.
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
 pub const MMIO_GAP_END: u64 = 0x1_0000_0000;
+/// Under `--enable-pci`: the window the PCI functions' memory BARs are placed in (the
+/// first 256 MiB of the gap), and ECAM for PCI bus 0 (32 devices × 8 functions × 4 KiB).
+pub const PCI_BAR_WINDOW_START: u64 = MMIO_GAP_START;
+pub const PCI_BAR_WINDOW_SIZE: u64 = 0x1000_0000;
+pub const PCI_ECAM_START: u64 = 0xe000_0000;
+pub const PCI_ECAM_SIZE: u64 = 0x10_0000;
 /// virtio-mmio devices, one 4 KiB window each, from here upwards.
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
 pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
@@ -62,6 +68,9 @@ const _: () = {
     assert!(PD_ADDR + 4096 <= CMDLINE_ADDR);
     assert!(CMDLINE_ADDR + CMDLINE_MAX_SIZE as u64 <= EBDA_START);
     assert!(MPTABLE_ADDR + 1024 <= ACPI_RSDP_ADDR);
+    assert!(PCI_BAR_WINDOW_START + PCI_BAR_WINDOW_SIZE <= VIRTIO_MMIO_BASE);
+    assert!(VIRTIO_MMIO_BASE + 32 * VIRTIO_MMIO_SIZE <= PCI_ECAM_START);
+    assert!(PCI_ECAM_START + PCI_ECAM_SIZE <= IOAPIC_ADDR as u64);
 };
 
 /// The guest RAM regions for `mem_bytes` of memory: below the MMIO gap first, the rest

@@ -52,6 +52,9 @@ pub struct Args {
     pub mmds_size_limit: Option<usize>,
     pub metadata: Option<String>,
     pub boot_timer: bool,
+    /// `--enable-pci`: the virtio devices on a PCI bus (virtio-pci, MSI-X) instead of
+    /// virtio-mmio.
+    pub enable_pci: bool,
     pub level: log::LevelFilter,
     pub log_path: Option<String>,
     pub show_level: bool,
@@ -89,8 +92,6 @@ pub enum Error {
     MmdsSizeLimit { value: String, max: usize },
     #[error("--no-seccomp and --seccomp-filter cannot be used together")]
     SeccompBoth,
-    #[error("--enable-pci: Ember has no virtio-pci transport yet; its devices are virtio-mmio only, so leave the flag out")]
-    Pci,
     #[error("{flag} must be a number of microseconds, not {value:?}")]
     Micros { flag: String, value: String },
 }
@@ -166,6 +167,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         mmds_size_limit: None,
         metadata: None,
         boot_timer: false,
+        enable_pci: false,
         level: log::LevelFilter::Warn,
         log_path: None,
         show_level: false,
@@ -208,7 +210,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
             }
             "--metadata" => out.metadata = Some(value),
             "--boot-timer" => out.boot_timer = true,
-            "--enable-pci" => return Err(Error::Pci),
+            "--enable-pci" => out.enable_pci = true,
             "--level" => out.level = parse_level(&value)?,
             "--log-path" => out.log_path = Some(value),
             "--show-level" => out.show_level = true,

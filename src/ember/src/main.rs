@@ -207,6 +207,7 @@ fn run() -> Result<i32, StartError> {
         None => VmResources::default(),
     };
     resources.boot_timer = args.boot_timer.then_some(started);
+    resources.pci_enabled = args.enable_pci;
 
     let store = mmds_store(&args)?;
     let logger = resources.logger.take();

@@ -224,12 +224,6 @@ fn command_line_problems() {
     assert_eq!(e, "ember: argument --config-file needs a value");
     let e = assert_refused(&run_args(&["--id", "a b"]), ARG_PARSING);
     assert!(e.contains("the microVM id \"a b\""), "{e}");
-    // Until virtio-pci lands a client that asks for it fails at once, not at its socket.
-    let e = assert_refused(&run_args(&["--enable-pci"]), ARG_PARSING);
-    assert!(
-        e.contains("--enable-pci: Ember has no virtio-pci transport yet"),
-        "{e}"
-    );
     let e = assert_refused(&run_args(&["--level", "chatty"]), BAD_LEVEL);
     assert!(e.contains("invalid log level"), "{e}");
     let e = assert_refused(&run_args(&["--no-api", "--config-file", "/no/vm.json"]), 1);

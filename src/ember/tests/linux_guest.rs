@@ -6,6 +6,7 @@ mod common;
 use common::linux::*;
 use common::*;
 use serde_json::json;
+use std::path::Path;
 
 fn boot(
     img: &Images,
@@ -236,4 +237,51 @@ fn linux_gets_pvm_adaptations_only_on_a_pvm_host() {
             "{flag} in the guest's CPU flags"
         );
     }
+}
+
+/// `--enable-pci`: the root disk and a data disk are virtio-pci functions, each with its
+/// MSI-X vectors; the guest boots from the first and writes the second byte for byte, and
+/// no virtio-mmio device is left.
+#[test]
+fn linux_finds_its_disks_on_pci_with_enable_pci() {
+    let Some(img) = linux_or_skip("linux_finds_its_disks_on_pci_with_enable_pci") else {
+        return;
+    };
+    let s = Scratch::new("linux-pci");
+    let root = s.path("rootfs.ext4");
+    std::fs::copy(img.file("rootfs.ext4"), &root).unwrap();
+    let data = s.file("data.img", &vec![0u8; 1 << 20]);
+    let cmd = "cat /sys/bus/pci/devices/*/device; \
+               echo msix $(grep -c PCI-MSI /proc/interrupts); \
+               echo mmio $(ls /sys/bus/platform/devices | grep -c virtio-mmio); \
+               echo ember-pci-line > /tmp/f; dd if=/tmp/f of=/dev/vdb bs=512 conv=sync,fsync";
+    let cfg = json!({
+        "boot-source": {"kernel_image_path": img.file("vmlinux"),
+                        "boot_args": format!("{} ember_cmd=\"{cmd}\"", base_args(true))},
+        "drives": [
+            {"drive_id": "rootfs", "path_on_host": root, "is_root_device": true},
+            {"drive_id": "data", "path_on_host": data, "is_root_device": false},
+        ],
+        "machine-config": {"vcpu_count": 2, "mem_size_mib": 256},
+    });
+    let path = s.file("vm.json", cfg.to_string().as_bytes());
+    let run = run_args_within(
+        &["--no-api", "--config-file", &path, "--enable-pci"],
+        linux_deadline(),
+    );
+    assert_eq!(run.status, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(!run.stdout.contains("pci=off"), "{}", run.stdout);
+    let out = command_output(&run);
+    // The host bridge, then the two disks (virtio-blk: 0x1040 + 2).
+    assert_eq!(out[..3], ["0x0008", "0x1042", "0x1042"], "{out:?}");
+    let msix: u32 = out[3].strip_prefix("msix ").unwrap().parse().unwrap();
+    assert!(
+        msix >= 4,
+        "two disks, a config and a queue vector each: {out:?}"
+    );
+    assert_eq!(out[4], "mmio 0");
+    let after = read(Path::new(&data));
+    let mut expected = b"ember-pci-line\n".to_vec();
+    expected.resize(512, 0);
+    assert_eq!(&after[..512], &expected[..]);
 }

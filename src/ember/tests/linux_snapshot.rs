@@ -23,13 +23,16 @@ use serde_json::json;
 
 const PORT: u32 = 5000;
 
-/// An ember inside `ns` with its API socket at `<name>.sock`.
-fn ember_in(ns: &NetNs, s: &Scratch, name: &str) -> Ember {
+/// An ember inside `ns` with its API socket at `<name>.sock`, with `--enable-pci` if `pci`.
+fn ember_in(ns: &NetNs, s: &Scratch, name: &str, pci: bool) -> Ember {
     let sock = s.path(&format!("{name}.sock"));
     let mut command = Command::new("ip");
     command
         .args(["netns", "exec", &ns.name, EMBER, "--api-sock"])
         .arg(&sock);
+    if pci {
+        command.arg("--enable-pci");
+    }
     Ember::spawn(command, sock)
 }
 
@@ -61,7 +64,29 @@ fn echo(tcp: &mut TcpStream, reader: &mut BufReader<TcpStream>, word: &str) -> S
 
 #[test]
 fn linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds() {
-    let test = "linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds";
+    restored_in_a_new_process(
+        "linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds",
+        false,
+    );
+}
+
+/// The same with every device on the PCI bus (`--enable-pci`): the guest finds them there,
+/// not as virtio-mmio, and their MSI-X vectors and moved state survive the restore.
+#[test]
+fn linux_pci_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds() {
+    restored_in_a_new_process(
+        "linux_pci_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds",
+        true,
+    );
+}
+
+/// What the guest says of its buses: the PCI functions' device IDs in slot order and how
+/// many MSI-X interrupts and virtio-mmio devices it has.
+const BUSES: &str = "echo pci $(cat /sys/bus/pci/devices/*/device 2>/dev/null | tr '\\n' ,); \
+                     echo msi $(grep -c PCI-MSI /proc/interrupts); \
+                     echo mmio $(ls /sys/bus/platform/devices | grep -c virtio-mmio)";
+
+fn restored_in_a_new_process(test: &str, pci: bool) {
     let Some(img) = linux_or_skip(test) else {
         return;
     };
@@ -77,12 +102,12 @@ fn linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmd
     let data = s.file("data.img", &vec![0u8; 1 << 20]);
     let (uds_a, uds_b) = (s.path("a.vsock"), s.path("b.vsock"));
 
-    let mut a = ember_in(&ns, &s, "a");
+    let mut a = ember_in(&ns, &s, "a", pci);
     let mut c = a.client();
     let cmd = "ip addr add 10.53.0.2/24 dev eth0; ip link set eth0 up; \
                ip route add 169.254.169.254 dev eth0; \
                ember-agent echo-tcp 10.53.0.1 7000 & ember-agent serve 5000";
-    configure(&mut c, &img, 2, 256, cmd);
+    configure_bus(&mut c, &img, 2, 256, cmd, pci);
     c.put(
         "/drives/data",
         &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false}),
@@ -111,6 +136,32 @@ fn linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmd
         "printf on-disk-before > /dev/vdb; sync; echo uptime $(cut -d' ' -f1 /proc/uptime)",
     );
     let t1 = uptime(&before);
+    let buses = run(&uds_a, BUSES);
+    if pci {
+        // The host bridge, then the root disk, the data disk, the NIC and vsock (virtio
+        // device IDs 0x1040 + type), each with MSI-X vectors in use, and no virtio-mmio.
+        assert!(
+            buses.contains("pci 0x0008,0x1042,0x1042,0x1041,0x1053,\n"),
+            "{buses}"
+        );
+        let msi: u32 = buses
+            .split("msi ")
+            .nth(1)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(msi >= 4, "{buses}");
+        assert!(buses.contains("mmio 0\n"), "{buses}");
+    } else {
+        assert!(
+            buses.contains("pci\n") && buses.contains("msi 0\n"),
+            "{buses}"
+        );
+        assert!(buses.contains("mmio 4\n"), "{buses}");
+    }
     pause(&mut c);
     let (state, mem) = (s.path("vm.snap"), s.path("vm.mem"));
     create(&mut c, &state, &mem, "Full");
@@ -125,7 +176,7 @@ fn linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmd
     ns.exec(&["ip", "addr", "add", "10.53.0.1/24", "dev", "tap1"]);
     ns.exec(&["ip", "link", "set", "tap1", "up"]);
 
-    let mut b = ember_in(&ns, &s, "b");
+    let mut b = ember_in(&ns, &s, "b", pci);
     let mut c = b.client();
     let mut body = common::snapshot::load_body(&state, &mem, true);
     body["network_overrides"] = json!([{"iface_id": "eth0", "host_dev_name": "tap1"}]);
@@ -150,6 +201,7 @@ fn linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmd
     assert!(after.contains("disk on-disk-before"), "{after}");
     assert!(after.contains("status 200 body snapshotted"), "{after}");
     assert!(after.ends_with("exit 0\n"), "{after}");
+    assert_eq!(run(&uds_b, BUSES), buses, "the restored guest's buses");
     b.wait_for("restored-console", Duration::from_secs(30));
     assert_eq!(&read(Path::new(&data))[512..525], b"on-disk-after");
     drop(tcp);

@@ -425,6 +425,7 @@ impl Controller {
                 let setup = Setup {
                     config: self.resources.to_config(),
                     boot_timer: self.resources.boot_timer.is_some(),
+                    pci: self.resources.pci_enabled,
                     mmds: mmds::lock(&self.mmds).document(),
                 };
                 self.running()?.create_snapshot(&params, setup)?;

@@ -19,6 +19,7 @@ pub mod event_loop;
 pub mod memory;
 pub mod metrics_writer;
 pub mod microvm;
+pub mod msi;
 pub mod pvm;
 pub mod resources;
 pub mod rpc;

@@ -38,6 +38,8 @@ pub struct Devices {
     pub serial: Option<Arc<Mutex<Serial>>>,
     /// Every virtio-mmio transport, in the order of their MMIO windows.
     pub transports: Vec<Arc<Mutex<MmioTransport>>>,
+    /// Under `--enable-pci`, every virtio-pci transport instead, in slot order.
+    pub pci_transports: Vec<Arc<Mutex<devices::virtio::pci::PciTransport>>>,
     pub blocks: Vec<(String, Arc<Mutex<Block>>)>,
     pub nets: Vec<(String, Arc<Mutex<Net>>)>,
     pub entropy: Option<Arc<Mutex<Entropy>>>,
@@ -200,6 +202,11 @@ impl MicroVm {
                 .transports
                 .iter()
                 .map(|t| devices::bus::lock(t).snapshot())
+                .chain(
+                    d.pci_transports
+                        .iter()
+                        .map(|t| devices::bus::lock(t).snapshot()),
+                )
                 .collect(),
             balloon_actual_pages: d
                 .balloon
@@ -222,6 +229,7 @@ impl MicroVm {
         let state = MicrovmState {
             config: setup.config,
             boot_timer: setup.boot_timer,
+            pci: setup.pci,
             memory,
             vcpus,
             vm,

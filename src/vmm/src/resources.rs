@@ -45,6 +45,8 @@ pub struct VmResources {
     pub serial: Option<SerialConfig>,
     /// `--boot-timer`: when the ember process started, for the guest's boot-time report.
     pub boot_timer: Option<std::time::Instant>,
+    /// `--enable-pci`: virtio devices on a PCI bus instead of virtio-mmio.
+    pub pci_enabled: bool,
 }
 
 impl VmResources {

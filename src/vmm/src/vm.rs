@@ -6,7 +6,9 @@ use kvm_bindings::{
     KVM_MEM_LOG_DIRTY_PAGES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, IoEventAddress, Kvm, VcpuFd, VmFd};
+use std::sync::Arc;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::memory::GuestMemory;
@@ -54,7 +56,7 @@ pub struct HostCaps {
 #[derive(Debug)]
 pub struct Vm {
     kvm: Kvm,
-    fd: VmFd,
+    fd: Arc<VmFd>,
 }
 
 impl Vm {
@@ -77,7 +79,10 @@ impl Vm {
             }
         }
         let fd = kvm.create_vm().map_err(Error::CreateVm)?;
-        let vm = Vm { kvm, fd };
+        let vm = Vm {
+            kvm,
+            fd: Arc::new(fd),
+        };
         vm.register_memory(mem, track_dirty)?;
         let fd = &vm.fd;
         fd.set_tss_address(arch::layout::KVM_TSS_ADDR as usize)
@@ -93,6 +98,11 @@ impl Vm {
 
     pub fn fd(&self) -> &VmFd {
         &self.fd
+    }
+
+    /// The VM's fd for what changes KVM's view after boot (MSI routes, moved ioeventfds).
+    pub fn shared_fd(&self) -> Arc<VmFd> {
+        self.fd.clone()
     }
 
     /// KVM_CHECK_EXTENSION of capability number `n` (a CPU template's `kvm_capabilities`).

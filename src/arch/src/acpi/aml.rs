@@ -169,6 +169,26 @@ impl Resources {
         self
     }
 
+    /// The bus numbers `first..=last` a host bridge decodes (WordBusNumber, producer, fixed
+    /// minimum and maximum).
+    pub fn bus_numbers(mut self, first: u16, last: u16) -> Self {
+        self.0.extend_from_slice(&[0x88, 13, 0, 2, 0x0c, 0]);
+        for v in [0, first, last, 0, last - first + 1] {
+            self.0.extend_from_slice(&v.to_le_bytes());
+        }
+        self
+    }
+
+    /// A 32-bit memory window a host bridge passes on to its devices (DWordMemory,
+    /// producer, fixed, non-cacheable, read-write).
+    pub fn memory_window(mut self, base: u32, len: u32) -> Self {
+        self.0.extend_from_slice(&[0x87, 23, 0, 0, 0x0c, 1]);
+        for v in [0, base, base + (len - 1), 0, len] {
+            self.0.extend_from_slice(&v.to_le_bytes());
+        }
+        self
+    }
+
     /// An edge-triggered, active-high, exclusive interrupt the device consumes.
     pub fn interrupt(mut self, gsi: u32) -> Self {
         self.0.extend_from_slice(&[0x89, 6, 0, 0b0011, 1]);
@@ -235,6 +255,32 @@ mod tests {
                 (total >> 4) as u8,
                 (total >> 12) as u8
             ]
+        );
+    }
+
+    #[test]
+    fn address_space_descriptors_have_their_lengths_and_ranges() {
+        let bus = Resources::default().bus_numbers(0, 0).encode();
+        // Buffer op, length, size 16 + 2, then the descriptor: 3 header bytes + 13.
+        let d = &bus[bus.len() - 18..bus.len() - 2];
+        assert_eq!(&d[..6], &[0x88, 13, 0, 2, 0x0c, 0]);
+        assert_eq!(&d[14..16], &[1, 0], "one bus");
+        let mem = Resources::default()
+            .memory_window(0xc000_0000, 0x1000_0000)
+            .encode();
+        let d = &mem[mem.len() - 28..mem.len() - 2];
+        assert_eq!(&d[..6], &[0x87, 23, 0, 0, 0x0c, 1]);
+        assert_eq!(
+            u32::from_le_bytes(d[10..14].try_into().unwrap()),
+            0xc000_0000
+        );
+        assert_eq!(
+            u32::from_le_bytes(d[14..18].try_into().unwrap()),
+            0xcfff_ffff
+        );
+        assert_eq!(
+            u32::from_le_bytes(d[22..26].try_into().unwrap()),
+            0x1000_0000
         );
     }
 

@@ -4,7 +4,7 @@
 //! `\_S5_` sleep type that lets the guest power off through the FADT's sleep control register.
 
 use super::aml::{self, Resources};
-use super::VirtioMmio;
+use super::{PciBus, VirtioMmio};
 use crate::layout::{I8042_IRQ, SERIAL_IRQ};
 
 /// The sleep type of S5 (soft off), written with SLP_EN to the sleep control register.
@@ -14,6 +14,7 @@ const COM1_BASE: u16 = 0x3f8;
 const COM1_LEN: u8 = 8;
 const I8042_DATA: u16 = 0x60;
 const I8042_COMMAND: u16 = 0x64;
+const PCI_CONFIG_PORT: u16 = 0xcf8;
 
 fn legacy_devices(sb: &mut Vec<u8>) {
     let mut com1 = Vec::new();
@@ -51,12 +52,35 @@ fn virtio_device(sb: &mut Vec<u8>, index: usize, dev: &VirtioMmio) {
     aml::device(sb, &format!("V{index:03}"), &body);
 }
 
+/// The PCI host bridge (`--enable-pci`): a PCI Express root (`PNP0A08`, compatible with
+/// `PNP0A03`) decoding bus 0, configuration mechanism #1's ports and the BAR window. Its
+/// functions are found by enumeration, so none is named here.
+fn pci_host_bridge(sb: &mut Vec<u8>, pci: &PciBus) {
+    let mut body = Vec::new();
+    aml::name_object(&mut body, "_HID", &aml::dword(aml::eisa_id("PNP0A08")));
+    aml::name_object(&mut body, "_CID", &aml::dword(aml::eisa_id("PNP0A03")));
+    aml::name_object(&mut body, "_ADR", &aml::integer(0));
+    aml::name_object(&mut body, "_SEG", &aml::integer(0));
+    aml::name_object(&mut body, "_UID", &aml::integer(0));
+    aml::name_object(&mut body, "_BBN", &aml::integer(0));
+    let crs = Resources::default()
+        .bus_numbers(0, 0)
+        .io(PCI_CONFIG_PORT, 8)
+        .memory_window(pci.window as u32, pci.window_len as u32)
+        .encode();
+    aml::name_object(&mut body, "_CRS", &crs);
+    aml::device(sb, "PCI0", &body);
+}
+
 /// The DSDT's AML body (the table header is added by the caller).
-pub fn body(virtio_mmio: &[VirtioMmio]) -> Vec<u8> {
+pub fn body(virtio_mmio: &[VirtioMmio], pci: Option<&PciBus>) -> Vec<u8> {
     let mut sb = Vec::new();
     legacy_devices(&mut sb);
     for (index, dev) in virtio_mmio.iter().enumerate() {
         virtio_device(&mut sb, index, dev);
+    }
+    if let Some(pci) = pci {
+        pci_host_bridge(&mut sb, pci);
     }
     let mut out = Vec::new();
     aml::scope(&mut out, "\\_SB_", &sb);
@@ -90,7 +114,7 @@ mod tests {
                 gsi: 6,
             },
         ];
-        let aml = body(&devs);
+        let aml = body(&devs, None);
         for (i, d) in devs.iter().enumerate() {
             let at = find(&aml, format!("V{i:03}").as_bytes()).expect("device name");
             let rest = &aml[at..];
@@ -103,11 +127,36 @@ mod tests {
             assert!(find(rest, &mem).is_some(), "V{i:03}'s resources");
         }
         assert!(find(&aml, b"V002").is_none());
+        assert!(
+            find(&aml, b"PCI0").is_none(),
+            "no PCI bus without --enable-pci"
+        );
+    }
+
+    #[test]
+    fn the_pci_host_bridge_decodes_bus_0_its_ports_and_the_bar_window() {
+        let pci = PciBus {
+            ecam: 0xe000_0000,
+            ecam_len: 0x10_0000,
+            window: 0xc000_0000,
+            window_len: 0x1000_0000,
+        };
+        let aml = body(&[], Some(&pci));
+        let at = find(&aml, b"PCI0").expect("host bridge");
+        let rest = &aml[at..];
+        let pnp0a08 = aml::dword(aml::eisa_id("PNP0A08"));
+        let pnp0a03 = aml::dword(aml::eisa_id("PNP0A03"));
+        assert!(find(rest, &pnp0a08).is_some() && find(rest, &pnp0a03).is_some());
+        assert!(find(rest, &[0x47, 1, 0xf8, 0x0c, 0xf8, 0x0c, 1, 8]).is_some());
+        let mut window = vec![0x87, 23, 0, 0, 0x0c, 1, 0, 0, 0, 0];
+        window.extend_from_slice(&0xc000_0000u32.to_le_bytes());
+        window.extend_from_slice(&0xcfff_ffffu32.to_le_bytes());
+        assert!(find(rest, &window).is_some());
     }
 
     #[test]
     fn the_soft_off_sleep_type_is_five() {
-        let aml = body(&[]);
+        let aml = body(&[], None);
         let at = find(&aml, b"\\_S5_").expect("_S5_");
         // Name, path, then Package(4) { 5, 0, 0, 0 }: 6 bytes and the length byte.
         assert_eq!(aml[at - 1], 0x08);

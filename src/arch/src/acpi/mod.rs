@@ -22,11 +22,22 @@ pub struct VirtioMmio {
     pub gsi: u32,
 }
 
+/// The PCI root bus under `--enable-pci`: its ECAM window (for the MCFG table) and the
+/// window its functions' BARs are placed in (for the host bridge in the DSDT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PciBus {
+    pub ecam: u64,
+    pub ecam_len: u64,
+    pub window: u64,
+    pub window_len: u64,
+}
+
 /// What the tables describe.
 #[derive(Debug)]
 pub struct Machine<'a> {
     pub cpus: u8,
     pub virtio_mmio: &'a [VirtioMmio],
+    pub pci: Option<PciBus>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,11 +61,17 @@ pub fn build(machine: &Machine) -> Result<Vec<(u64, Vec<u8>)>, Error> {
         placed.push((addr, bytes));
         Ok(addr)
     };
-    let dsdt = tables::sdt(b"DSDT", 2, b"EMBERDSD", &dsdt::body(machine.virtio_mmio));
-    let dsdt = place(dsdt)?;
-    let fadt = place(tables::fadt(dsdt))?;
-    let madt = place(tables::madt(machine.cpus))?;
-    let xsdt = place(tables::xsdt(&[fadt, madt]))?;
+    let pci = machine.pci.as_ref();
+    let dsdt = dsdt::body(machine.virtio_mmio, pci);
+    let dsdt = place(tables::sdt(b"DSDT", 2, b"EMBERDSD", &dsdt))?;
+    let mut listed = vec![
+        place(tables::fadt(dsdt))?,
+        place(tables::madt(machine.cpus))?,
+    ];
+    if let Some(pci) = pci {
+        listed.push(place(tables::mcfg(pci.ecam, pci.ecam_len))?);
+    }
+    let xsdt = place(tables::xsdt(&listed))?;
     placed.push((ACPI_RSDP_ADDR, tables::rsdp(xsdt)));
     Ok(placed)
 }
@@ -88,9 +105,21 @@ mod tests {
                 gsi: 5 + i as u32,
             })
             .collect();
+        let pci = PciBus {
+            ecam: 0xe000_0000,
+            ecam_len: 0x10_0000,
+            window: 0xc000_0000,
+            window_len: 0x1000_0000,
+        };
+        walk(&devs, None, &[b"FACP", b"APIC"]);
+        walk(&[], Some(pci), &[b"FACP", b"APIC", b"MCFG"]);
+    }
+
+    fn walk(devs: &[VirtioMmio], pci: Option<PciBus>, expected: &[&[u8; 4]]) {
         let placed = build(&Machine {
             cpus: 32,
-            virtio_mmio: &devs,
+            virtio_mmio: devs,
+            pci,
         })
         .unwrap();
         let at = |addr: u64| {
@@ -114,7 +143,8 @@ mod tests {
                 assert_eq!(sum(dsdt), 0);
             }
         }
-        assert_eq!(seen, [b"FACP".to_vec(), b"APIC".to_vec()]);
+        let expected: Vec<Vec<u8>> = expected.iter().map(|s| s.to_vec()).collect();
+        assert_eq!(seen, expected);
         // Nothing overlaps, and all of it is below 1 MiB.
         let mut spans: Vec<(u64, u64)> = placed
             .iter()

@@ -106,6 +106,18 @@ pub fn madt(cpus: u8) -> Vec<u8> {
     sdt(b"APIC", 5, b"EMBERAPI", &b)
 }
 
+/// The MCFG: one ECAM window, for segment 0, covering the buses that fit in `len` (1 MiB
+/// each).
+pub fn mcfg(ecam: u64, len: u64) -> Vec<u8> {
+    let last_bus = (len >> 20).saturating_sub(1).min(255) as u8;
+    let mut body = vec![0u8; 8];
+    body.extend_from_slice(&ecam.to_le_bytes());
+    body.extend_from_slice(&0u16.to_le_bytes());
+    body.extend_from_slice(&[0, last_bus]);
+    body.extend_from_slice(&[0; 4]);
+    sdt(b"MCFG", 1, b"EMBERMCF", &body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,12 +127,24 @@ mod tests {
     }
 
     #[test]
+    fn the_mcfg_names_one_ecam_window_for_bus_0() {
+        let t = mcfg(0xe000_0000, 0x10_0000);
+        assert_eq!(t.len(), 36 + 8 + 16);
+        assert_eq!(
+            u64::from_le_bytes(t[44..52].try_into().unwrap()),
+            0xe000_0000
+        );
+        assert_eq!(&t[52..56], &[0, 0, 0, 0], "segment 0, buses 0 to 0");
+    }
+
+    #[test]
     fn every_table_checksums_to_zero_and_states_its_length() {
         for t in [
             xsdt(&[0x1000, 0x2000]),
             fadt(0xe1000),
             madt(4),
             sdt(b"DSDT", 2, b"EMBERDSD", &[1, 2, 3]),
+            mcfg(0xe000_0000, 0x10_0000),
         ] {
             assert_eq!(sum(&t), 0, "{:?}", &t[..4]);
             assert_eq!(

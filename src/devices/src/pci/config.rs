@@ -22,7 +22,8 @@ const INTERRUPT_PIN: usize = 0x3d;
 const FIRST_CAPABILITY: usize = 0x40;
 
 /// Command bits software may set: memory space, bus master, INTx disable.
-const COMMAND_WRITABLE: u16 = (1 << 1) | (1 << 2) | (1 << 10);
+const COMMAND_WRITABLE: u16 = COMMAND_MEMORY | (1 << 2) | (1 << 10);
+const COMMAND_MEMORY: u16 = 1 << 1;
 const STATUS_CAPABILITIES: u16 = 1 << 4;
 const BAR_64BIT: u32 = 0b100;
 const BAR_PREFETCHABLE: u32 = 0b1000;
@@ -161,7 +162,8 @@ impl ConfigSpace {
         (addr != 0).then_some(addr)
     }
 
-    /// Places BAR `index` at `addr` (the firmware's job, which Ember does before boot).
+    /// Places BAR `index` at `addr` and turns memory decoding on (the firmware's job, which
+    /// Ember does before boot).
     pub fn set_bar_address(&mut self, index: usize, addr: u64) {
         let size = self.bars[index].size;
         assert_eq!(addr % size, 0, "BAR {index} misaligned");
@@ -169,6 +171,38 @@ impl ConfigSpace {
         let lo = (addr as u32) | BAR_64BIT | BAR_PREFETCHABLE;
         self.put(at, &lo.to_le_bytes());
         self.put(at + 4, &((addr >> 32) as u32).to_le_bytes());
+        let command = self.word(COMMAND) | COMMAND_MEMORY;
+        self.put(COMMAND, &command.to_le_bytes());
+    }
+
+    /// Whether the function answers in its memory BARs (the command register's bit 1).
+    pub fn memory_enabled(&self) -> bool {
+        self.word(COMMAND) & COMMAND_MEMORY != 0
+    }
+
+    /// The whole space, for a snapshot.
+    pub fn bytes(&self) -> &[u8; CONFIG_SIZE] {
+        &self.bytes
+    }
+
+    /// Puts back a snapshot's bytes, if they are this function's: every bit the guest
+    /// cannot write (identity, BAR types, capability layout) must be as here.
+    pub fn restore_bytes(&mut self, bytes: &[u8]) -> Result<(), String> {
+        if bytes.len() != CONFIG_SIZE {
+            return Err(format!(
+                "{} bytes of configuration space, not {CONFIG_SIZE}",
+                bytes.len()
+            ));
+        }
+        let differs =
+            (0..CONFIG_SIZE).find(|&i| (bytes[i] ^ self.bytes[i]) & !self.writable[i] != 0);
+        if let Some(at) = differs {
+            return Err(format!(
+                "configuration space differs from this device's at read-only byte {at:#x}"
+            ));
+        }
+        self.bytes.copy_from_slice(bytes);
+        Ok(())
     }
 }
 
@@ -180,10 +214,11 @@ fn checked(offset: u64, len: usize) -> Option<usize> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const IDS: Ids = Ids {
+    /// A virtio block device's identity, for tests.
+    pub(crate) const IDS: Ids = Ids {
         vendor: 0x1af4,
         device: 0x1042,
         revision: 1,

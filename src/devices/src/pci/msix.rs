@@ -22,7 +22,7 @@ pub struct Message {
     pub data: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Msix {
     /// Per vector: address low, address high, data, vector control.
     table: Vec<[u32; 4]>,
@@ -43,6 +43,23 @@ impl Msix {
 
     pub fn vectors(&self) -> u16 {
         self.table.len() as u16
+    }
+
+    /// Takes a snapshot's table, pending bits and control word, if they fit this function
+    /// (as many vectors); the control word keeps only what the guest can set.
+    pub fn restore(&mut self, saved: &Msix) -> Result<(), String> {
+        if saved.table.len() != self.table.len() || saved.pending.len() != self.pending.len() {
+            return Err(format!(
+                "{} MSI-X vectors where this device has {}",
+                saved.table.len(),
+                self.table.len()
+            ));
+        }
+        self.table.clone_from(&saved.table);
+        self.pending.clone_from(&saved.pending);
+        self.control =
+            (self.control & !(ENABLE | FUNCTION_MASK)) | (saved.control & (ENABLE | FUNCTION_MASK));
+        Ok(())
     }
 
     /// The capability's bytes for configuration space (ID, next, control, table and PBA

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use virtio_queue::QueueT;
 
 use super::snapshot::{RestoreError, TransportSnapshot};
-use super::transport_state::{SavedState, TransportState, FAILED};
+use super::transport_state::{TransportState, FAILED};
 use super::{GuestMemory, IrqTrigger, VirtioDevice};
 use crate::bus::{lock, BusDevice};
 
@@ -74,42 +74,18 @@ impl MmioTransport {
 
     /// The transport's registers and the queues' positions, for a snapshot of a paused VM.
     pub fn snapshot(&self) -> TransportSnapshot {
-        let saved = self.state.save();
-        TransportSnapshot {
-            device_type: lock(&self.state.device).device_type(),
-            status: saved.status,
-            device_features_sel: saved.device_features_sel,
-            driver_features_sel: saved.driver_features_sel,
-            driver_features: saved.driver_features,
-            queue_sel: saved.queue_sel,
-            interrupt_status: self.irq.status(),
-            activated: saved.activated,
-            queues: saved.queues,
-        }
+        let device_type = lock(&self.state.device).device_type();
+        TransportSnapshot::new(device_type, self.state.save(), self.irq.status(), None)
     }
 
     /// Puts a fresh transport (and its device) in the state `saved`; an activated device
     /// starts again on its saved queues. Nothing in `saved` is trusted: a device of another
-    /// type, another queue count or a queue virtio-queue refuses is an error.
+    /// type or transport, another queue count or a queue virtio-queue refuses is an error.
     pub fn restore(&mut self, saved: &TransportSnapshot) -> Result<(), RestoreError> {
-        let device_type = lock(&self.state.device).device_type();
-        if saved.device_type != device_type {
-            return Err(RestoreError::DeviceType {
-                saved: saved.device_type,
-                here: device_type,
-            });
-        }
+        saved.check(lock(&self.state.device).device_type(), false)?;
         self.irq.clear();
         self.irq.set(saved.interrupt_status);
-        self.state.restore(&SavedState {
-            status: saved.status,
-            device_features_sel: saved.device_features_sel,
-            driver_features_sel: saved.driver_features_sel,
-            driver_features: saved.driver_features,
-            queue_sel: saved.queue_sel,
-            activated: saved.activated,
-            queues: saved.queues.clone(),
-        })
+        self.state.restore(&saved.saved_state())
     }
 
     /// Lets a restored, activated device tell its guest what the restore changed (vsock's

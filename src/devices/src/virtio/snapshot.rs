@@ -6,6 +6,8 @@
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState};
 
+use super::transport_state::SavedState;
+
 /// One virtqueue (virtio-queue's `QueueState`, which has no serde support of its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueSnapshot {
@@ -67,6 +69,78 @@ pub struct TransportSnapshot {
     pub interrupt_status: u32,
     pub activated: bool,
     pub queues: Vec<QueueSnapshot>,
+    /// A virtio-pci function's own state (absent for virtio-mmio, and in snapshots from
+    /// before virtio-pci, which were all virtio-mmio).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<PciSnapshot>,
+}
+
+impl TransportSnapshot {
+    /// The snapshot of a device of `device_type` whose transport-independent state is
+    /// `saved`; the interrupt status and PCI state are the transport's own.
+    pub fn new(
+        device_type: u32,
+        saved: SavedState,
+        interrupt_status: u32,
+        pci: Option<PciSnapshot>,
+    ) -> Self {
+        TransportSnapshot {
+            device_type,
+            status: saved.status,
+            device_features_sel: saved.device_features_sel,
+            driver_features_sel: saved.driver_features_sel,
+            driver_features: saved.driver_features,
+            queue_sel: saved.queue_sel,
+            interrupt_status,
+            activated: saved.activated,
+            queues: saved.queues,
+            pci,
+        }
+    }
+
+    /// The transport-independent state, for [`TransportState::restore`].
+    ///
+    /// [`TransportState::restore`]: super::transport_state::TransportState::restore
+    pub fn saved_state(&self) -> SavedState {
+        SavedState {
+            status: self.status,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            driver_features: self.driver_features,
+            queue_sel: self.queue_sel,
+            activated: self.activated,
+            queues: self.queues.clone(),
+        }
+    }
+
+    /// Whether the snapshot fits a device of `device_type` on a virtio-pci (`pci`) or
+    /// virtio-mmio transport.
+    pub fn check(&self, device_type: u32, pci: bool) -> Result<(), RestoreError> {
+        if self.device_type != device_type {
+            return Err(RestoreError::DeviceType {
+                saved: self.device_type,
+                here: device_type,
+            });
+        }
+        let name = |pci| if pci { "virtio-pci" } else { "virtio-mmio" };
+        if self.pci.is_some() != pci {
+            return Err(RestoreError::Transport {
+                device_type,
+                saved: name(self.pci.is_some()),
+                here: name(pci),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What a virtio-pci function adds: its configuration space (BAR placement, command
+/// register, MSI-X control), its MSI-X table and which vector each queue uses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PciSnapshot {
+    pub config: Vec<u8>,
+    pub msix: crate::pci::msix::Msix,
+    pub vectors: crate::virtio::pci::interrupt::Vectors,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,4 +161,12 @@ pub enum RestoreError {
     },
     #[error("the snapshot's device of type {device_type} cannot start again: {reason}")]
     Activate { device_type: u32, reason: String },
+    #[error("the snapshot's device of type {device_type} is on {saved}, this microVM's on {here}: load it with the same --enable-pci setting it was taken with")]
+    Transport {
+        device_type: u32,
+        saved: &'static str,
+        here: &'static str,
+    },
+    #[error("the snapshot's virtio-pci device of type {device_type} is not valid: {reason}")]
+    Pci { device_type: u32, reason: String },
 }

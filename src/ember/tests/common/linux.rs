@@ -115,15 +115,37 @@ pub fn metric_sum(lines: &[Value], section: &str, field: &str) -> u64 {
 
 /// Machine, boot source (with `cmd` for the guest's init) and the read-only root drive.
 pub fn configure(c: &mut super::api::Client, img: &Images, vcpus: u8, mib: u32, cmd: &str) {
+    configure_bus(c, img, vcpus, mib, cmd, false);
+}
+
+/// The boot arguments of the tests' guests: [`BASE_ARGS`], without `pci=off` for an ember
+/// with `--enable-pci`.
+pub fn base_args(pci: bool) -> String {
+    match pci {
+        true => BASE_ARGS.replace(" pci=off", ""),
+        false => BASE_ARGS.to_string(),
+    }
+}
+
+/// [`configure`] for an ember with `--enable-pci` (`pci`) or without.
+pub fn configure_bus(
+    c: &mut super::api::Client,
+    img: &Images,
+    vcpus: u8,
+    mib: u32,
+    cmd: &str,
+    pci: bool,
+) {
     c.put(
         "/machine-config",
         &json!({"vcpu_count": vcpus, "mem_size_mib": mib}),
     )
     .expect(204, "");
+    let args = base_args(pci);
     c.put(
         "/boot-source",
         &json!({"kernel_image_path": img.file("vmlinux"),
-                "boot_args": format!("{BASE_ARGS} ember_cmd=\"{cmd}\"")}),
+                "boot_args": format!("{args} ember_cmd=\"{cmd}\"")}),
     )
     .expect(204, "");
     c.put(

@@ -263,11 +263,12 @@ pub fn read(path: &Path) -> Vec<u8> {
     std::fs::read(path).unwrap()
 }
 
-/// What Ember appends to the boot arguments on this host: its PVM adaptations, or nothing.
+/// What Ember appends to the boot arguments of a microVM without `--enable-pci` on this
+/// host: `pci=off`, as Firecracker does, and its PVM adaptations, if any.
 pub fn host_args() -> String {
     if vmm::pvm::host_is_pvm() {
-        format!(" {}", vmm::pvm::BOOT_ARGS)
+        format!(" pci=off {}", vmm::pvm::BOOT_ARGS)
     } else {
-        String::new()
+        " pci=off".to_string()
     }
 }

@@ -21,6 +21,7 @@ use devices::Bus;
 use event_manager::MutEventSubscriber;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::pci::PciWiring;
 use super::{BuildError, Console, Context};
 use crate::config::{DriveConfig, NetworkInterfaceConfig, SerialConfig};
 use crate::event_loop::{ExitLine, Subscriber};
@@ -49,6 +50,8 @@ pub(super) struct Attached {
     pub kernel_args: String,
     /// The virtio-mmio devices, for the DSDT.
     pub virtio_mmio: Vec<arch::acpi::VirtioMmio>,
+    /// Under `--enable-pci`, the root bus.
+    pub pci_root: Option<Arc<Mutex<devices::pci::root::PciRoot>>>,
 }
 
 /// The buses, event subscribers and kernel arguments while devices are attached.
@@ -66,6 +69,8 @@ struct Wiring<'a> {
     /// [`FIRST_VIRTIO_IRQ`]).
     next_window: u32,
     next_line: u32,
+    /// Under `--enable-pci`, the PCI bus that takes the virtio devices instead.
+    pci: Option<PciWiring>,
 }
 
 impl Wiring<'_> {
@@ -77,6 +82,12 @@ impl Wiring<'_> {
     where
         D: VirtioDevice + MutEventSubscriber + 'static,
     {
+        if let Some(pci) = &mut self.pci {
+            let device = Arc::new(Mutex::new(device));
+            pci.attach(self.vm, self.mem, device.clone())?;
+            self.subscribers.push(device.clone());
+            return Ok(device);
+        }
         let irq = FIRST_VIRTIO_IRQ + self.next_line;
         if irq > layout::LAST_VIRTIO_IRQ {
             return Err(BuildError::TooManyDevices);
@@ -128,6 +139,7 @@ pub(super) fn attach_devices(
         virtio_mmio: Vec::new(),
         next_window: 0,
         next_line: 0,
+        pci: None,
     };
     let mut devices = Devices::default();
     let i8042 = attach_legacy(
@@ -137,6 +149,9 @@ pub(super) fn attach_devices(
         ctx.host.exit,
         metrics,
     )?;
+    if resources.pci_enabled {
+        w.pci = Some(PciWiring::new(ctx.vm, &mut w.pio, &mut w.mmio)?);
+    }
     // Like Firecracker, the boot timer takes the first MMIO window and the drives follow it.
     if let Some(start) = resources.boot_timer {
         let timer = Arc::new(Mutex::new(BootTimer::new(start)));
@@ -198,6 +213,8 @@ pub(super) fn attach_devices(
         devices.vsock = Some(w.attach_virtio(vsock)?);
     }
     devices.transports = w.transports;
+    let pci_root = w.pci.as_ref().map(|p| p.root.clone());
+    devices.pci_transports = w.pci.map(|p| p.transports).unwrap_or_default();
     Ok(Attached {
         pio: Arc::new(w.pio),
         mmio: Arc::new(w.mmio),
@@ -206,6 +223,7 @@ pub(super) fn attach_devices(
         i8042,
         kernel_args: w.kernel_args,
         virtio_mmio: w.virtio_mmio,
+        pci_root,
     })
 }
 

@@ -60,6 +60,8 @@ pub(super) struct Machine<'a> {
     pub mem_bytes: u64,
     pub cmdline_size: usize,
     pub virtio_mmio: &'a [arch::acpi::VirtioMmio],
+    /// `--enable-pci`: the PCI root bus is there.
+    pub pci: bool,
 }
 
 pub(super) fn write_boot_info(
@@ -68,11 +70,22 @@ pub(super) fn write_boot_info(
     initrd: Option<InitrdPlacement>,
     machine: &Machine,
 ) -> Result<(), BuildError> {
-    let e820 = boot_params::e820_map(&layout::ram_regions(machine.mem_bytes));
+    let pci = machine.pci.then_some(arch::acpi::PciBus {
+        ecam: layout::PCI_ECAM_START,
+        ecam_len: layout::PCI_ECAM_SIZE,
+        window: layout::PCI_BAR_WINDOW_START,
+        window_len: layout::PCI_BAR_WINDOW_SIZE,
+    });
+    let reserved: &[(u64, u64)] = match pci {
+        Some(p) => &[(p.ecam, p.ecam_len)],
+        None => &[],
+    };
+    let e820 = boot_params::e820_map(&layout::ram_regions(machine.mem_bytes), reserved);
     arch::mptable::write(mem, machine.vcpus)?;
     let acpi = arch::acpi::Machine {
         cpus: machine.vcpus,
         virtio_mmio: machine.virtio_mmio,
+        pci,
     };
     let rsdp = arch::acpi::write(mem, &acpi)?;
     match kernel.protocol {

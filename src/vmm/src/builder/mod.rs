@@ -4,6 +4,7 @@
 
 mod attach;
 mod boot;
+mod pci;
 
 use std::fs::File;
 use std::sync::Arc;
@@ -72,6 +73,8 @@ pub enum BuildError {
     Vcpu(#[from] vcpu::Error),
     #[error("there are more MMIO devices than interrupt lines 5 to 23 can serve")]
     TooManyDevices,
+    #[error("{0}")]
+    PciBusFull(#[from] devices::pci::root::BusFull),
     #[error("cannot copy the console's file descriptors: {0}")]
     Console(#[source] std::io::Error),
     #[error("cannot open the serial output file {path}: {source}")]
@@ -178,6 +181,9 @@ pub fn restore(
     for transport in &parts.devices.transports {
         devices::bus::lock(transport).announce_restore();
     }
+    for transport in &parts.devices.pci_transports {
+        devices::bus::lock(transport).announce_restore();
+    }
     Ok(MicroVm::new(parts, mem, vm, track_dirty))
 }
 
@@ -185,11 +191,14 @@ pub fn restore(
 fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
     let caps = ctx.vm.host_caps()?;
     let attached = attach_devices(ctx, Some(&state.devices.serial))?;
-    let transports = &attached.devices.transports;
-    if transports.len() != state.devices.virtio.len() {
+    let (mmio, pci) = (
+        &attached.devices.transports,
+        &attached.devices.pci_transports,
+    );
+    if mmio.len() + pci.len() != state.devices.virtio.len() {
         return Err(BuildError::DeviceCount {
             saved: state.devices.virtio.len(),
-            built: transports.len(),
+            built: mmio.len() + pci.len(),
         });
     }
     let machine = &ctx.resources.machine_config;
@@ -215,8 +224,15 @@ fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
     {
         devices::bus::lock(balloon).restore_hinting(hinting);
     }
-    for (transport, saved) in transports.iter().zip(&state.devices.virtio) {
+    // A microVM's virtio devices are all virtio-mmio or all virtio-pci.
+    for (transport, saved) in mmio.iter().zip(&state.devices.virtio) {
         devices::bus::lock(transport).restore(saved)?;
+    }
+    for (transport, saved) in pci.iter().zip(&state.devices.virtio) {
+        devices::bus::lock(transport).restore(saved)?;
+    }
+    if let Some(root) = &attached.pci_root {
+        devices::bus::lock(root).refresh_bars();
     }
     Ok(into_parts(attached, vcpus, stats))
 }
@@ -235,6 +251,9 @@ fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Pa
     let caps = vm.host_caps()?;
     let cpu = guest_cpu(ctx, &caps)?;
     let mut cmdline = boot.boot_args().to_string();
+    if !ctx.resources.pci_enabled {
+        cmdline.push_str(" pci=off");
+    }
     if caps.pvm {
         cmdline.push(' ');
         cmdline.push_str(crate::pvm::BOOT_ARGS);
@@ -248,6 +267,7 @@ fn assemble(ctx: &Context, mem_bytes: u64, boot: &BootSourceConfig) -> Result<Pa
         mem_bytes,
         cmdline_size: cmdline.len() + 1,
         virtio_mmio: &attached.virtio_mmio,
+        pci: ctx.resources.pci_enabled,
     };
     boot::write_boot_info(mem, &kernel, initrd, &described)?;
     let cr3 = arch::paging::write_identity_tables(mem)?;

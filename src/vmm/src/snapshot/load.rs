@@ -193,6 +193,7 @@ impl SnapshotLoadParams {
         };
         // Last, as it binds the vsock socket.
         let mut resources = VmResources::from_snapshot(config)?;
+        resources.pci_enabled = state.pci;
         if state.boot_timer {
             // Its MMIO window must stay taken; its start time is this process's.
             resources.boot_timer = Some(std::time::Instant::now());

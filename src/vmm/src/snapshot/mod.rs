@@ -49,6 +49,10 @@ pub struct MicrovmState {
     pub config: VmConfig,
     /// Whether the boot timer took the first MMIO window (`--boot-timer`).
     pub boot_timer: bool,
+    /// Whether the virtio devices are on the PCI bus (`--enable-pci`); absent in snapshots
+    /// from before virtio-pci.
+    #[serde(default)]
+    pub pci: bool,
     /// Guest RAM regions (guest address, bytes), in the memory file's order.
     pub memory: Vec<(u64, u64)>,
     pub vcpus: Vec<VcpuState>,
@@ -76,6 +80,7 @@ pub struct DeviceStates {
 pub struct Setup {
     pub config: VmConfig,
     pub boot_timer: bool,
+    pub pci: bool,
     pub mmds: serde_json::Value,
 }
 

@@ -23,7 +23,7 @@ pub trait MsiRouter: Send + Sync + std::fmt::Debug {
 }
 
 /// Which vector each queue and configuration changes use.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Vectors {
     pub config: u16,
     pub queues: Vec<u16>,
@@ -91,6 +91,36 @@ impl PciInterrupt {
             Some(_) => self.irqfds[usize::from(vector)].write(1),
             None => Ok(()),
         }
+    }
+
+    /// The ISR status without clearing it (a snapshot's).
+    pub fn isr(&self) -> u8 {
+        self.isr.load(Ordering::SeqCst)
+    }
+
+    /// Takes a snapshot's MSI-X state, vector assignments and ISR byte, and routes the
+    /// vectors in KVM as the table says. Nothing in them is trusted: a table of another
+    /// size or assignments for another number of queues are refused, and a vector number
+    /// past the table is as good as none (it never fires).
+    pub fn restore(&self, msix: &Msix, vectors: &Vectors, isr: u8) -> Result<(), String> {
+        let mut v = self.vectors.lock().unwrap_or_else(|e| e.into_inner());
+        if vectors.queues.len() != v.queues.len() {
+            return Err(format!(
+                "MSI-X vectors for {} queues where the device has {}",
+                vectors.queues.len(),
+                v.queues.len()
+            ));
+        }
+        self.msix
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .restore(msix)?;
+        *v = vectors.clone();
+        drop(v);
+        self.isr
+            .store(isr & (ISR_QUEUE | ISR_CONFIG), Ordering::SeqCst);
+        self.update_routes(Vec::new());
+        Ok(())
     }
 
     /// Forgets every assignment and pending bit (a device reset; the table stays, as on

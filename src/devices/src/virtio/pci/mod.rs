@@ -2,8 +2,8 @@
 //! memory BAR holds the common configuration, the ISR byte, the device's configuration, the
 //! queue notification addresses and the MSI-X table and PBA, each announced by a capability
 //! in configuration space. The driver-side rules are the [`TransportState`] virtio-mmio uses
-//! too, so a device does not know its transport. (Being built for issue 24: not yet on a
-//! bus; `--enable-pci` is still refused.)
+//! too, so a device does not know its transport. The function sits on the root bus of
+//! [`crate::pci::root`].
 
 pub mod common_config;
 pub mod interrupt;
@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use crate::bus::lock;
 use crate::pci::config::{Bar, ConfigSpace, Ids};
 use crate::pci::msix;
+use crate::pci::root::PciFunction;
+use crate::virtio::snapshot::{PciSnapshot, RestoreError, TransportSnapshot};
 use crate::virtio::transport_state::{TransportState, FAILED};
 use crate::virtio::{GuestMemory, VirtioDevice};
 pub use interrupt::{MsiRouter, PciInterrupt};
@@ -197,8 +199,68 @@ impl PciTransport {
         }
     }
 
+    /// The function's state for a snapshot of a paused VM.
+    pub fn snapshot(&self) -> TransportSnapshot {
+        let pci = PciSnapshot {
+            config: self.config.bytes().to_vec(),
+            msix: self.msix().clone(),
+            vectors: lock(&self.irq.vectors).clone(),
+        };
+        let device_type = lock(&self.state.device).device_type();
+        let isr = u32::from(self.irq.isr());
+        TransportSnapshot::new(device_type, self.state.save(), isr, Some(pci))
+    }
+
+    /// Puts a fresh function (and its device) in the state `saved`, its MSI-X routes in
+    /// KVM included; nothing in `saved` is trusted (see [`ConfigSpace::restore_bytes`],
+    /// [`PciInterrupt::restore`]). The caller moves the BAR's ioeventfds if the BAR moved.
+    pub fn restore(&mut self, saved: &TransportSnapshot) -> Result<(), RestoreError> {
+        let device_type = lock(&self.state.device).device_type();
+        saved.check(device_type, true)?;
+        let invalid = |reason| RestoreError::Pci {
+            device_type,
+            reason,
+        };
+        if let Some(pci) = &saved.pci {
+            self.config.restore_bytes(&pci.config).map_err(invalid)?;
+            let isr = saved.interrupt_status as u8;
+            self.irq
+                .restore(&pci.msix, &pci.vectors, isr)
+                .map_err(invalid)?;
+        }
+        self.state.restore(&saved.saved_state())
+    }
+
+    /// Lets a restored, activated device tell its guest what the restore changed.
+    pub fn announce_restore(&mut self) {
+        self.state.announce_restore();
+    }
+
     fn msix(&self) -> std::sync::MutexGuard<'_, msix::Msix> {
         self.irq.msix.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl PciFunction for PciTransport {
+    fn config_read(&self, offset: u64, data: &mut [u8]) {
+        PciTransport::config_read(self, offset, data);
+    }
+
+    fn config_write(&mut self, offset: u64, data: &[u8]) {
+        PciTransport::config_write(self, offset, data);
+    }
+
+    fn bar(&self) -> Option<(u64, u64)> {
+        let addr = self.config.bar_address(0)?;
+        self.config.memory_enabled().then_some((addr, BAR_SIZE))
+    }
+
+    fn bar_read(&mut self, offset: u64, data: &mut [u8]) {
+        PciTransport::bar_read(self, offset, data);
+    }
+
+    fn bar_write(&mut self, offset: u64, data: &[u8]) {
+        PciTransport::bar_write(self, offset, data);
     }
 }
 

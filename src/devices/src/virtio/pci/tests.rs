@@ -255,3 +255,54 @@ fn hostile_accesses_change_nothing_they_should_not() {
     assert_eq!(rd(&mut f.t, 0x10, 2), 0xffff);
     assert_eq!(rd(&mut f.t, 0x14, 1), 0);
 }
+
+#[test]
+fn a_snapshot_restores_vectors_routes_and_a_moved_bar_into_a_fresh_function() {
+    let mut f = fixture();
+    bring_up(&mut f);
+    // The guest moved the BAR and masked vector 1, which then fired: pending.
+    f.t.config_write(0x10, &0xe001_0000u32.to_le_bytes());
+    wr(&mut f.t, 0x4000 + 16 + 12, 4, 1);
+    f.irq.trigger(InterruptKind::Queue(1)).unwrap();
+    let saved = f.t.snapshot();
+
+    let mut g = fixture();
+    g.t.restore(&saved).unwrap();
+    assert_eq!(g.activations.load(Ordering::SeqCst), 1, "started again");
+    assert_eq!(g.t.bar_address(), Some(0xe001_0000));
+    assert_eq!(rd(&mut g.t, 0x1a, 2), 1, "queue 1's vector");
+    assert_eq!(rd(&mut g.t, 0x6000, 8), 0b10, "vector 1 still pending");
+    // KVM's routes are set from the restored table at once: vectors 0 and 2.
+    let last = g.routes.0.lock().unwrap().last().cloned().unwrap();
+    assert!(last[0].is_some() && last[1].is_none() && last[2].is_some());
+    assert_eq!(g.t.snapshot(), saved);
+    // Unmasking delivers what was pending before the snapshot.
+    wr(&mut g.t, 0x4000 + 16 + 12, 4, 0);
+    assert_eq!(g.irqfds[1].read().unwrap(), 1);
+}
+
+#[test]
+fn a_snapshot_of_another_transport_or_layout_is_refused() {
+    let mut f = fixture();
+    bring_up(&mut f);
+    let saved = f.t.snapshot();
+    let mut mmio = saved.clone();
+    mmio.pci = None;
+    let e = fixture().t.restore(&mmio).unwrap_err().to_string();
+    assert!(
+        e.contains("is on virtio-mmio, this microVM's on virtio-pci"),
+        "{e}"
+    );
+    // A read-only byte changed (the device ID), or a table of another size.
+    let mut bad = saved.clone();
+    bad.pci.as_mut().unwrap().config[2] ^= 1;
+    let e = fixture().t.restore(&bad).unwrap_err().to_string();
+    assert!(e.contains("read-only byte 0x2"), "{e}");
+    let mut bad = saved.clone();
+    bad.pci.as_mut().unwrap().config.truncate(64);
+    assert!(fixture().t.restore(&bad).is_err());
+    let mut bad = saved;
+    bad.pci.as_mut().unwrap().vectors.queues.push(0);
+    let e = fixture().t.restore(&bad).unwrap_err().to_string();
+    assert!(e.contains("MSI-X vectors for 3 queues"), "{e}");
+}
