@@ -22,7 +22,7 @@ fn configure(c: &mut Client, img: &Images, s: &Scratch, cmd: &str) {
     let data = s.file("data.img", &vec![0u8; 1 << 20]);
     c.configure(
         &json!({"vcpu_count": 2, "mem_size_mib": 256}),
-        &json!({"kernel_image_path": img.file("vmlinux"), "boot_args": format!("{BASE_ARGS} {cmd}")}),
+        &json!({"kernel_image_path": img.file("vmlinux"), "boot_args": format!("{} {cmd}", base_args(all_on_pci()))}),
         &[("rootfs", root.to_str().unwrap(), true), ("data", &data, false)],
     );
 }

@@ -22,7 +22,7 @@ fn boot(
     let mut all = vec![json!({"drive_id": "rootfs", "path_on_host": root, "is_root_device": true})];
     all.extend_from_slice(drives);
     let cfg = json!({
-        "boot-source": {"kernel_image_path": img.file(kernel), "boot_args": format!("{BASE_ARGS} {extra_args}")},
+        "boot-source": {"kernel_image_path": img.file(kernel), "boot_args": format!("{} {extra_args}", base_args(all_on_pci()))},
         "drives": all,
         "machine-config": {"vcpu_count": vcpus, "mem_size_mib": mem},
     });

@@ -87,6 +87,7 @@ const BUSES: &str = "echo pci $(cat /sys/bus/pci/devices/*/device 2>/dev/null | 
                      echo mmio $(ls /sys/bus/platform/devices | grep -c virtio-mmio)";
 
 fn restored_in_a_new_process(test: &str, pci: bool) {
+    let pci = pci || all_on_pci();
     let Some(img) = linux_or_skip(test) else {
         return;
     };

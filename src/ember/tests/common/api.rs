@@ -227,6 +227,9 @@ impl Ember {
     /// Runs `command` (ember, or something that execs it) and waits (up to 5 s) for its API
     /// socket to appear at `sock`.
     pub fn spawn(mut command: Command, sock: PathBuf) -> Ember {
+        if super::all_on_pci() && !command.get_args().any(|a| a == "--enable-pci") {
+            command.arg("--enable-pci");
+        }
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -115,7 +115,7 @@ pub fn metric_sum(lines: &[Value], section: &str, field: &str) -> u64 {
 
 /// Machine, boot source (with `cmd` for the guest's init) and the read-only root drive.
 pub fn configure(c: &mut super::api::Client, img: &Images, vcpus: u8, mib: u32, cmd: &str) {
-    configure_bus(c, img, vcpus, mib, cmd, false);
+    configure_bus(c, img, vcpus, mib, cmd, super::all_on_pci());
 }
 
 /// The boot arguments of the tests' guests: [`BASE_ARGS`], without `pci=off` for an ember

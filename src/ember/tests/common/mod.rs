@@ -46,7 +46,12 @@ pub fn kvm_or_skip(test: &str) -> bool {
     {
         Ok(_) => {
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "{test}: on a {} host", host_kind());
+            let pci = if all_on_pci() {
+                ", all on virtio-pci"
+            } else {
+                ""
+            };
+            let _ = writeln!(std::io::stderr(), "{test}: on a {} host{pci}", host_kind());
             true
         }
         Err(e) => {
@@ -146,9 +151,17 @@ impl Run {
     }
 }
 
+/// `EMBER_TEST_PCI=1`: every ember the tests start gets `--enable-pci` and every Linux
+/// guest's command line leaves `pci=off` out, so that the Linux tests run on virtio-pci
+/// (docs/test-hosts.md). The tests written for PCI pass the flag themselves.
+pub fn all_on_pci() -> bool {
+    std::env::var("EMBER_TEST_PCI").as_deref() == Ok("1")
+}
+
 pub fn spawn(args: &[&str]) -> Child {
     Command::new(EMBER)
         .args(args)
+        .args((all_on_pci() && !args.contains(&"--enable-pci")).then_some("--enable-pci"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
