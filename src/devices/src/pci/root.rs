@@ -57,6 +57,22 @@ struct Slot {
     on_move: Option<Box<dyn BarMoved>>,
 }
 
+impl Slot {
+    /// If the function's BAR now decodes somewhere new, what KVM decodes there moves too.
+    /// While decoding is off the BAR stays placed where it was.
+    fn follow_bar(&mut self) {
+        let Some(to) = lock(&self.function).bar().map(|(addr, _)| addr) else {
+            return;
+        };
+        if let (Some(from), Some(on_move)) = (self.placed, self.on_move.as_mut()) {
+            if from != to {
+                on_move.moved(from, to);
+            }
+        }
+        self.placed = Some(to);
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("the PCI bus is full: at most {MAX_DEVICES} devices")]
 pub struct BusFull;
@@ -124,17 +140,8 @@ impl PciRoot {
             (0, 0) => self.bridge.write(offset, data),
             (d, 0) if usize::from(d) <= self.slots.len() => {
                 let slot = &mut self.slots[usize::from(d) - 1];
-                let now = {
-                    let mut f = lock(&slot.function);
-                    f.config_write(offset, data);
-                    f.bar().map(|(addr, _)| addr)
-                };
-                if let Some(to) = now.filter(|&to| Some(to) != slot.placed) {
-                    if let (Some(from), Some(on_move)) = (slot.placed, slot.on_move.as_mut()) {
-                        on_move.moved(from, to);
-                    }
-                    slot.placed = Some(to);
-                }
+                lock(&slot.function).config_write(offset, data);
+                slot.follow_bar();
             }
             _ => {}
         }
@@ -143,17 +150,7 @@ impl PciRoot {
     /// After a restore put back the functions' configuration spaces: BARs the guest had
     /// moved take their ioeventfds along.
     pub fn refresh_bars(&mut self) {
-        for slot in &mut self.slots {
-            let now = lock(&slot.function).bar().map(|(addr, _)| addr);
-            if let (Some(from), Some(to)) = (slot.placed, now) {
-                if from != to {
-                    if let Some(on_move) = slot.on_move.as_mut() {
-                        on_move.moved(from, to);
-                    }
-                }
-            }
-            slot.placed = now.or(slot.placed);
-        }
+        self.slots.iter_mut().for_each(Slot::follow_bar);
     }
 
     /// The function whose BAR decodes `addr`, and the offset in it.

@@ -74,8 +74,7 @@ impl MmioTransport {
 
     /// The transport's registers and the queues' positions, for a snapshot of a paused VM.
     pub fn snapshot(&self) -> TransportSnapshot {
-        let device_type = lock(&self.state.device).device_type();
-        TransportSnapshot::new(device_type, self.state.save(), self.irq.status(), None)
+        self.state.save(self.irq.status(), None)
     }
 
     /// Puts a fresh transport (and its device) in the state `saved`; an activated device
@@ -85,7 +84,7 @@ impl MmioTransport {
         saved.check(lock(&self.state.device).device_type(), false)?;
         self.irq.clear();
         self.irq.set(saved.interrupt_status);
-        self.state.restore(&saved.saved_state())
+        self.state.restore(saved)
     }
 
     /// Lets a restored, activated device tell its guest what the restore changed (vsock's

@@ -6,8 +6,6 @@
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueState};
 
-use super::transport_state::SavedState;
-
 /// One virtqueue (virtio-queue's `QueueState`, which has no serde support of its own).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueSnapshot {
@@ -76,43 +74,6 @@ pub struct TransportSnapshot {
 }
 
 impl TransportSnapshot {
-    /// The snapshot of a device of `device_type` whose transport-independent state is
-    /// `saved`; the interrupt status and PCI state are the transport's own.
-    pub fn new(
-        device_type: u32,
-        saved: SavedState,
-        interrupt_status: u32,
-        pci: Option<PciSnapshot>,
-    ) -> Self {
-        TransportSnapshot {
-            device_type,
-            status: saved.status,
-            device_features_sel: saved.device_features_sel,
-            driver_features_sel: saved.driver_features_sel,
-            driver_features: saved.driver_features,
-            queue_sel: saved.queue_sel,
-            interrupt_status,
-            activated: saved.activated,
-            queues: saved.queues,
-            pci,
-        }
-    }
-
-    /// The transport-independent state, for [`TransportState::restore`].
-    ///
-    /// [`TransportState::restore`]: super::transport_state::TransportState::restore
-    pub fn saved_state(&self) -> SavedState {
-        SavedState {
-            status: self.status,
-            device_features_sel: self.device_features_sel,
-            driver_features_sel: self.driver_features_sel,
-            driver_features: self.driver_features,
-            queue_sel: self.queue_sel,
-            activated: self.activated,
-            queues: self.queues.clone(),
-        }
-    }
-
     /// Whether the snapshot fits a device of `device_type` on a virtio-pci (`pci`) or
     /// virtio-mmio transport.
     pub fn check(&self, device_type: u32, pci: bool) -> Result<(), RestoreError> {

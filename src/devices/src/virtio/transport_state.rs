@@ -14,7 +14,7 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_queue::{Queue, QueueT};
 
-use super::snapshot::{QueueSnapshot, RestoreError};
+use super::snapshot::{PciSnapshot, QueueSnapshot, RestoreError, TransportSnapshot};
 use super::{GuestMemory, Interrupt, InterruptKind, VirtioDevice};
 use crate::bus::lock;
 
@@ -48,18 +48,6 @@ impl std::fmt::Debug for TransportState {
             .field("activated", &self.activated)
             .finish()
     }
-}
-
-/// The driver-side registers a snapshot keeps (the transport adds its own).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SavedState {
-    pub status: u32,
-    pub device_features_sel: u32,
-    pub driver_features_sel: u32,
-    pub driver_features: u64,
-    pub queue_sel: u32,
-    pub activated: bool,
-    pub queues: Vec<QueueSnapshot>,
 }
 
 impl TransportState {
@@ -223,27 +211,32 @@ impl TransportState {
         self.queues = fresh_queues(&*lock(&self.device));
     }
 
-    /// The driver-side state and the queues' positions, for a snapshot of a paused VM.
-    pub fn save(&self) -> SavedState {
+    /// The driver-side state and the queues' positions, for a snapshot of a paused VM; the
+    /// interrupt status and the PCI function's state are the transport's own.
+    pub fn save(&self, interrupt_status: u32, pci: Option<PciSnapshot>) -> TransportSnapshot {
         let queues = match self.activated {
             true => lock(&self.device).queue_states(),
             false => self.queues.iter().map(Queue::state).collect(),
         };
-        SavedState {
+        TransportSnapshot {
+            device_type: lock(&self.device).device_type(),
             status: self.status,
             device_features_sel: self.device_features_sel,
             driver_features_sel: self.driver_features_sel,
             driver_features: self.driver_features,
             queue_sel: self.queue_sel,
+            interrupt_status,
             activated: self.activated,
             queues: queues.into_iter().map(QueueSnapshot::from).collect(),
+            pci,
         }
     }
 
     /// Puts a fresh state (and its device) where `saved` was; an activated device starts
     /// again on its saved queues. Nothing in `saved` is trusted: another queue count or a
-    /// queue virtio-queue refuses is an error.
-    pub fn restore(&mut self, saved: &SavedState) -> Result<(), RestoreError> {
+    /// queue virtio-queue refuses is an error. (The transport has checked the device type
+    /// and its own part: [`TransportSnapshot::check`].)
+    pub fn restore(&mut self, saved: &TransportSnapshot) -> Result<(), RestoreError> {
         let device_type = lock(&self.device).device_type();
         if saved.queues.len() != self.queues.len() {
             return Err(RestoreError::QueueCount {

@@ -206,9 +206,7 @@ impl PciTransport {
             msix: self.msix().clone(),
             vectors: lock(&self.irq.vectors).clone(),
         };
-        let device_type = lock(&self.state.device).device_type();
-        let isr = u32::from(self.irq.isr());
-        TransportSnapshot::new(device_type, self.state.save(), isr, Some(pci))
+        self.state.save(u32::from(self.irq.isr()), Some(pci))
     }
 
     /// Puts a fresh function (and its device) in the state `saved`, its MSI-X routes in
@@ -228,7 +226,7 @@ impl PciTransport {
                 .restore(&pci.msix, &pci.vectors, isr)
                 .map_err(invalid)?;
         }
-        self.state.restore(&saved.saved_state())
+        self.state.restore(saved)
     }
 
     /// Lets a restored, activated device tell its guest what the restore changed.
