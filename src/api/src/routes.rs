@@ -129,7 +129,6 @@ enum Hinting {
 struct ActionBody {
     action_type: ActionType,
     /// BlockDeviceRescan's drive ID; ignored by the other actions.
-    #[serde(default)]
     payload: Option<serde_json::Value>,
 }
 

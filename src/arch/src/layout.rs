@@ -34,6 +34,26 @@ pub const ACPI_TABLES_ADDR: u64 = ACPI_RSDP_ADDR + 0x40;
 pub const ACPI_TABLES_END: u64 = HIMEM_START;
 /// The I/O port of the ACPI sleep control and status registers (hardware-reduced ACPI).
 pub const ACPI_SLEEP_PORT: u16 = 0x600;
+/// The legacy I/O ports, where the devices sit and where the DSDT says they are: COM1's
+/// eight registers, the i8042's data port and its command port four above, and PCI
+/// configuration mechanism #1's address and data ports (eight in all).
+pub const COM1_PORTS: Ports = Ports {
+    base: 0x3f8,
+    len: 8,
+};
+pub const I8042_PORT: u16 = 0x60;
+pub const I8042_COMMAND_PORT: u16 = I8042_PORT + 4;
+pub const PCI_CONFIG_PORTS: Ports = Ports {
+    base: 0xcf8,
+    len: 8,
+};
+
+/// A range of I/O ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ports {
+    pub base: u16,
+    pub len: u8,
+}
 /// Where high memory (and the kernel) starts.
 pub const HIMEM_START: u64 = 0x10_0000;
 /// The hole below 4 GiB left for devices; RAM that does not fit below it goes above 4 GiB.

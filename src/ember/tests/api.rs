@@ -35,10 +35,7 @@ fn machine_lines(ember: &Ember) -> Vec<String> {
 
 #[test]
 fn a_guest_configured_through_the_api_boots_and_its_config_replays() {
-    if !kvm_or_skip("a_guest_configured_through_the_api_boots_and_its_config_replays") {
-        return;
-    }
-    let s = Scratch::new("api-boot");
+    let s = kvm_scratch!("api-boot");
     let mut first = Ember::start(&s, &[]);
     let mut c = first.client();
     configure(&mut c, &s, "keyboard");
@@ -111,10 +108,7 @@ fn a_guest_configured_through_the_api_boots_and_its_config_replays() {
 
 #[test]
 fn pause_stops_the_guest_and_resume_lets_it_go_on() {
-    if !kvm_or_skip("pause_stops_the_guest_and_resume_lets_it_go_on") {
-        return;
-    }
-    let s = Scratch::new("api-pause");
+    let s = kvm_scratch!("api-pause");
     let mut ember = Ember::start(&s, &[]);
     let mut c = ember.client();
     configure(&mut c, &s, "ticks nosmp");
@@ -140,10 +134,7 @@ fn pause_stops_the_guest_and_resume_lets_it_go_on() {
 
 #[test]
 fn the_socket_answers_from_its_first_millisecond_until_exit() {
-    if !kvm_or_skip("the_socket_answers_from_its_first_millisecond_until_exit") {
-        return;
-    }
-    let s = Scratch::new("api-first-ms");
+    let s = kvm_scratch!("api-first-ms");
     let started = Instant::now();
     let mut ember = Ember::start(&s, &[]);
     let appeared = started.elapsed();
@@ -204,10 +195,7 @@ fn fatal_signals_end_ember_with_firecracker_statuses() {
 
 #[test]
 fn put_serial_sends_the_console_to_a_file_at_the_rate_it_sets() {
-    if !kvm_or_skip("put_serial_sends_the_console_to_a_file_at_the_rate_it_sets") {
-        return;
-    }
-    let s = Scratch::new("api-serial");
+    let s = kvm_scratch!("api-serial");
     // The guest's whole console output goes to the file; none to stdout.
     let mut ember = Ember::start(&s, &[]);
     let mut c = ember.client();

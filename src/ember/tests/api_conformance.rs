@@ -349,10 +349,7 @@ fn check_good(c: &mut Client, case: &Case, (status, text): (u16, &str), when: &s
 
 #[test]
 fn every_path_with_a_body_before_and_after_boot() {
-    if !kvm_or_skip("every_path_with_a_body_before_and_after_boot") {
-        return;
-    }
-    let s = Scratch::new("conformance");
+    let s = kvm_scratch!("conformance");
     let disk = s.file("root.img", &noise(64 << 10, 2));
     let ember = Ember::start(&s, &[]);
     let mut c = ember.client();

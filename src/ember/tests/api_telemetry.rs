@@ -33,10 +33,7 @@ fn json_lines(text: &str) -> Vec<Value> {
 
 #[test]
 fn metrics_are_written_every_60_seconds_and_on_flush() {
-    if !kvm_or_skip("metrics_are_written_every_60_seconds_and_on_flush") {
-        return;
-    }
-    let s = Scratch::new("metrics-period");
+    let s = kvm_scratch!("metrics-period");
     let path = s.path("metrics.json");
     let arg = path.to_string_lossy().into_owned();
     let ember = Ember::start(&s, &["--metrics-path", &arg]);
@@ -79,10 +76,7 @@ fn metrics_are_written_every_60_seconds_and_on_flush() {
 
 #[test]
 fn a_metrics_pipe_nobody_reads_never_holds_up_the_vmm() {
-    if !kvm_or_skip("a_metrics_pipe_nobody_reads_never_holds_up_the_vmm") {
-        return;
-    }
-    let s = Scratch::new("metrics-fifo");
+    let s = kvm_scratch!("metrics-fifo");
     let fifo = s.path("metrics.fifo");
     let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.

@@ -53,10 +53,7 @@ fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
 
 #[test]
 fn every_thread_allocates_and_frees_at_will_under_the_default_filters() {
-    if !kvm_or_skip("every_thread_allocates_and_frees_at_will_under_the_default_filters") {
-        return;
-    }
-    let s = Scratch::new("alloc-stress");
+    let s = kvm_scratch!("alloc-stress");
     let sock = s.path("api.sock");
     let mut command = Command::new(EMBER);
     command.arg("--api-sock").arg(&sock);
@@ -77,10 +74,7 @@ fn every_thread_allocates_and_frees_at_will_under_the_default_filters() {
 
 #[test]
 fn huge_unknown_keys_and_long_values_get_400_and_the_guest_runs_on() {
-    if !kvm_or_skip("huge_unknown_keys_and_long_values_get_400_and_the_guest_runs_on") {
-        return;
-    }
-    let s = Scratch::new("huge-keys");
+    let s = kvm_scratch!("huge-keys");
     let (mut ember, mut c) = ticking(&s, &[]);
     c.instance_start();
     wait_tick(&ember, 2, Duration::from_secs(30));
@@ -204,10 +198,7 @@ fn files_replaced_by_fifos_after_their_put_fail_the_start_instead_of_hanging_it(
 
 #[test]
 fn snapshot_paths_that_are_devices_fifos_or_silent_sockets_are_refused_at_once() {
-    if !kvm_or_skip("snapshot_paths_that_are_devices_fifos_or_silent_sockets_are_refused_at_once") {
-        return;
-    }
-    let s = Scratch::new("special-snap");
+    let s = kvm_scratch!("special-snap");
     let fifo = s.path("fifo");
     mkfifo(&fifo);
     // A running guest: creating a snapshot into a FIFO fails, and the guest goes on.
@@ -277,10 +268,7 @@ fn snapshot_paths_that_are_devices_fifos_or_silent_sockets_are_refused_at_once()
 
 #[test]
 fn serial_output_to_a_closed_stdout_is_counted_not_logged_per_byte() {
-    if !kvm_or_skip("serial_output_to_a_closed_stdout_is_counted_not_logged_per_byte") {
-        return;
-    }
-    let s = Scratch::new("closed-stdout");
+    let s = kvm_scratch!("closed-stdout");
     let config = json!({
         "boot-source": {"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 ticks"},
         "machine-config": {"vcpu_count": 1, "mem_size_mib": 64},

@@ -309,9 +309,7 @@ fn with_new_pid_ns_ember_is_pid_1_of_its_own_namespace() {
 
 #[test]
 fn cgroup_v2_and_daemonize() {
-    if !kvm_or_skip("cgroup_v2_and_daemonize") {
-        return;
-    }
+    require_kvm!();
     if !Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists() {
         skip(
             "cgroup_v2_and_daemonize",
@@ -363,9 +361,7 @@ fn cgroup_v2_and_daemonize() {
 
 #[test]
 fn bad_jailer_input_is_refused_and_leaves_nothing_behind() {
-    if !kvm_or_skip("bad_jailer_input_is_refused_and_leaves_nothing_behind") {
-        return;
-    }
+    require_kvm!();
     let jail = JailFixture::new("jail-bad");
     let bins = static_bins();
     let ember = bins.join("ember").to_string_lossy().into_owned();
@@ -496,9 +492,7 @@ fn bad_jailer_input_is_refused_and_leaves_nothing_behind() {
 
 #[test]
 fn a_jail_left_by_a_killed_run_is_diagnosed_clearly() {
-    if !kvm_or_skip("a_jail_left_by_a_killed_run_is_diagnosed_clearly") {
-        return;
-    }
+    require_kvm!();
     let jail = JailFixture::new("jail-left");
     let extra = ["--cgroup", "pids.max=64"];
     let vmm = ["--api-sock", "/run/ember.socket"];
@@ -548,10 +542,8 @@ fn a_jail_left_by_a_killed_run_is_diagnosed_clearly() {
 
 #[test]
 fn linux_in_a_jail_with_netns_talks_to_its_tap_inside_that_namespace() {
-    let test = "linux_in_a_jail_with_netns_talks_to_its_tap_inside_that_namespace";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
+    let test = &test_name();
     let Some(ns) = NetNs::new_or_skip(test) else {
         return;
     };

@@ -44,10 +44,7 @@ fn press_ctrl_alt_del(ember: &mut Ember, c: &mut Client) -> Vec<String> {
 
 #[test]
 fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
-    let test = "linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-api");
     let mut ember = Ember::start(&s, &[]);
     let mut c = ember.client();
@@ -85,9 +82,7 @@ fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
 
 #[test]
 fn linux_paused_makes_no_progress_until_resumed() {
-    let Some(img) = linux_or_skip("linux_paused_makes_no_progress_until_resumed") else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-pause");
     let mut ember = Ember::start(&s, &[]);
     let mut c = ember.client();

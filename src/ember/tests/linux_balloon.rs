@@ -25,11 +25,7 @@ fn stats_until(c: &mut Client, what: &str, done: impl Fn(&Value) -> bool) -> Val
 
 #[test]
 fn linux_inflating_the_balloon_gives_memory_back_to_the_host_and_deflating_to_the_guest() {
-    let test =
-        "linux_inflating_the_balloon_gives_memory_back_to_the_host_and_deflating_to_the_guest";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-balloon");
     let metrics = s.path("metrics.json");
     let mut ember = Ember::start(&s, &["--metrics-path", metrics.to_str().unwrap()]);

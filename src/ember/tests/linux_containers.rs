@@ -115,10 +115,7 @@ fn run(uds: &Path, id: &str, args: &[&str]) -> (String, i64) {
 
 #[test]
 fn linux_runs_oci_containers_for_the_host_with_crun() {
-    let test = "linux_runs_oci_containers_for_the_host_with_crun";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-containers");
     let uds = s.path("v.sock");
     let image = busybox_image(&s);

@@ -16,10 +16,7 @@ const RATE: u64 = 1024;
 
 #[test]
 fn linux_reads_random_bytes_from_the_entropy_device_and_a_limiter_bounds_the_rate() {
-    let test = "linux_reads_random_bytes_from_the_entropy_device_and_a_limiter_bounds_the_rate";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     // Unlimited first, then (another microVM) held to RATE bytes a second, measured after
     // twice the bucket.
     let mut rates = Vec::new();

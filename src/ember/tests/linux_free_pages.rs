@@ -19,10 +19,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// are freed): ember's RSS ends near where it was before the guest touched 64 MiB.
 #[test]
 fn linux_free_page_reporting_gives_memory_the_guest_freed_back_to_the_host() {
-    let test = "linux_free_page_reporting_gives_memory_the_guest_freed_back_to_the_host";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     reporting_gives_back(&img, None);
 }
 
@@ -30,10 +27,8 @@ fn linux_free_page_reporting_gives_memory_the_guest_freed_back_to_the_host() {
 /// the host's pool (the guest's 4 KiB balloon pages could not).
 #[test]
 fn linux_free_page_reporting_on_huge_pages_gives_whole_huge_pages_back() {
-    let test = "linux_free_page_reporting_on_huge_pages_gives_whole_huge_pages_back";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
+    let test = &test_name();
     let Some(pool) = huge_pages::huge_pages_or_skip(test, 128) else {
         return;
     };
@@ -115,10 +110,7 @@ fn hinting_until(c: &mut Client, what: &str, done: impl Fn(&Value) -> bool) -> V
 /// 64 MiB again: the hinted memory works as before.
 #[test]
 fn linux_free_page_hinting_gives_free_memory_back_in_runs_the_host_starts() {
-    let test = "linux_free_page_hinting_gives_free_memory_back_in_runs_the_host_starts";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let s = Scratch::new("linux-hinting");
     let metrics = s.path("metrics.json");

@@ -59,9 +59,7 @@ fn report(run: &Run, key: &str) -> String {
 
 #[test]
 fn linux_sees_the_vcpus_and_memory() {
-    let Some(img) = linux_or_skip("linux_sees_the_vcpus_and_memory") else {
-        return;
-    };
+    let img = linux_images!();
     for n in [1u8, 2, 4] {
         let s = Scratch::new("linux-cpus");
         let run = boot(&img, &s, "vmlinux", "", n, 256, &[]);
@@ -97,9 +95,7 @@ fn linux_sees_the_vcpus_and_memory() {
 
 #[test]
 fn linux_boots_as_vmlinux_bzimage_and_from_an_initramfs() {
-    let Some(img) = linux_or_skip("linux_boots_as_vmlinux_bzimage_and_from_an_initramfs") else {
-        return;
-    };
+    let img = linux_images!();
     for kernel in ["vmlinux", "bzImage"] {
         let s = Scratch::new("linux-kernel");
         let run = boot(&img, &s, kernel, "", 1, 128, &[]);
@@ -124,9 +120,7 @@ fn linux_boots_as_vmlinux_bzimage_and_from_an_initramfs() {
 /// fsync becomes a flush that waits for the write before it.
 #[test]
 fn linux_writes_a_data_disk_byte_for_byte() {
-    let Some(img) = linux_or_skip("linux_writes_a_data_disk_byte_for_byte") else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-write");
     let data = s.file("data.img", &vec![0u8; 1 << 20]);
     let cmd = r#"ember_cmd="echo ember-data-line > /tmp/f; dd if=/tmp/f of=/dev/vdb bs=512 conv=sync,fsync""#;
@@ -151,9 +145,7 @@ fn linux_writes_a_data_disk_byte_for_byte() {
 
 #[test]
 fn linux_cannot_write_a_read_only_drive() {
-    let Some(img) = linux_or_skip("linux_cannot_write_a_read_only_drive") else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-ro");
     let bytes = noise(1 << 20, 2);
     let ro = s.file("ro.img", &bytes);
@@ -179,9 +171,7 @@ fn linux_cannot_write_a_read_only_drive() {
 
 #[test]
 fn linux_shows_drive_ids_as_serials() {
-    let Some(img) = linux_or_skip("linux_shows_drive_ids_as_serials") else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-serial");
     let a = s.file("a.img", &[0u8; 65536]);
     let b = s.file("b.img", &[0u8; 65536]);
@@ -196,9 +186,7 @@ fn linux_shows_drive_ids_as_serials() {
 
 #[test]
 fn linux_reboot_and_panic_end_ember_with_status_0() {
-    let Some(img) = linux_or_skip("linux_reboot_and_panic_end_ember_with_status_0") else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-reboot");
     let run = boot(&img, &s, "vmlinux", r#"ember_cmd="reboot -f""#, 1, 128, &[]);
     assert!(
@@ -215,9 +203,7 @@ fn linux_reboot_and_panic_end_ember_with_status_0() {
 /// POPCNT. (Not XSAVE: the emulated kvm_amd host's CPU has none, see docs/test-hosts.md.)
 #[test]
 fn linux_gets_pvm_adaptations_only_on_a_pvm_host() {
-    let Some(img) = linux_or_skip("linux_gets_pvm_adaptations_only_on_a_pvm_host") else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-pvm-adaptations");
     let cmd = r#"ember_cmd="cat /proc/cmdline; grep -m1 ^flags /proc/cpuinfo""#;
     let run = boot(&img, &s, "vmlinux", cmd, 1, 128, &[]);
@@ -244,9 +230,7 @@ fn linux_gets_pvm_adaptations_only_on_a_pvm_host() {
 /// no virtio-mmio device is left.
 #[test]
 fn linux_finds_its_disks_on_pci_with_enable_pci() {
-    let Some(img) = linux_or_skip("linux_finds_its_disks_on_pci_with_enable_pci") else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-pci");
     let root = s.path("rootfs.ext4");
     std::fs::copy(img.file("rootfs.ext4"), &root).unwrap();

@@ -59,10 +59,7 @@ const BS: u64 = 64 * KIB;
 
 #[test]
 fn linux_drive_limits_give_the_configured_bandwidth_burst_and_ops() {
-    let test = "linux_drive_limits_give_the_configured_bandwidth_burst_and_ops";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-limits");
     for name in ["bw.img", "burst.img", "ops.img"] {
         std::fs::File::create(s.path(name))
@@ -209,10 +206,8 @@ const NET_TX2: u64 = 384 * KIB;
 
 #[test]
 fn linux_network_limits_give_the_configured_tcp_rates_both_ways() {
-    let test = "linux_network_limits_give_the_configured_tcp_rates_both_ways";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
+    let test = &test_name();
     let Some(ns) = NetNs::new_or_skip(test) else {
         return;
     };
@@ -299,10 +294,7 @@ fn linux_network_limits_give_the_configured_tcp_rates_both_ways() {
 
 #[test]
 fn linux_sees_a_resized_and_a_replaced_disk_without_a_reboot() {
-    let test = "linux_sees_a_resized_and_a_replaced_disk_without_a_reboot";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-drive-update");
     // An empty data disk, attached before boot, to be grown and filled on the host.
     let data = s.file("data.img", b"");

@@ -114,13 +114,7 @@ fn restored_in_a_new_process(test: &str, pci: bool) {
         &json!({"drive_id": "data", "path_on_host": data, "is_root_device": false}),
     )
     .expect(204, "");
-    c.put(
-        "/network-interfaces/eth0",
-        &json!({"iface_id": "eth0", "host_dev_name": "tap0"}),
-    )
-    .expect(204, "");
-    c.put("/mmds/config", &json!({"network_interfaces": ["eth0"]}))
-        .expect(204, "");
+    c.put_eth0_with_mmds();
     c.put("/mmds", &json!({"role": "snapshotted"}))
         .expect(204, "");
     c.put("/vsock", &json!({"guest_cid": 3, "uds_path": uds_a}))

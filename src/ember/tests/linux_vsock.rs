@@ -40,10 +40,7 @@ fn checksum_line(len: u64, seed: u64) -> String {
 
 #[test]
 fn linux_streams_over_vsock_both_ways_with_flow_control_and_clean_failures() {
-    let test = "linux_streams_over_vsock_both_ways_with_flow_control_and_clean_failures";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
     let s = Scratch::new("linux-vsock");
     let uds = s.path("v.sock");
     let metrics = s.path("metrics.json");

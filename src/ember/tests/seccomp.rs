@@ -55,10 +55,7 @@ fn configure(c: &mut Client, s: &Scratch, vcpus: u8, args: &str) {
 
 #[test]
 fn every_thread_runs_under_its_filter_through_a_whole_run() {
-    if !kvm_or_skip("every_thread_runs_under_its_filter_through_a_whole_run") {
-        return;
-    }
-    let s = Scratch::new("seccomp-run");
+    let s = kvm_scratch!("seccomp-run");
     let metrics = s.path("metrics.json");
     let metrics_arg = metrics.to_str().unwrap();
     let mut ember = Ember::start(&s, &["--metrics-path", metrics_arg, "--level", "Debug"]);
@@ -131,10 +128,7 @@ fn every_thread_runs_under_its_filter_through_a_whole_run() {
 
 #[test]
 fn a_guest_that_runs_to_its_end_exits_cleanly_under_the_filters() {
-    if !kvm_or_skip("a_guest_that_runs_to_its_end_exits_cleanly_under_the_filters") {
-        return;
-    }
-    let s = Scratch::new("seccomp-end");
+    let s = kvm_scratch!("seccomp-end");
     // Info: at exit ember reads KVM's per-vCPU counters and logs them.
     let mut ember = Ember::start(&s, &["--level", "Info"]);
     let mut c = ember.client();
@@ -186,10 +180,7 @@ fn run_killed(
 
 #[test]
 fn a_forbidden_system_call_on_a_vcpu_thread_ends_ember_with_status_148() {
-    if !kvm_or_skip("a_forbidden_system_call_on_a_vcpu_thread_ends_ember_with_status_148") {
-        return;
-    }
-    let s = Scratch::new("seccomp-kill");
+    let s = kvm_scratch!("seccomp-kill");
     // The debug build's hook: the vCPU thread opens a UDP socket after its filter is in
     // place. (A call made while every signal is blocked, as musl's posix_spawn blocks them
     // around its clone, gets the kernel's SIGSYS kill instead: no handler can run there.)
@@ -215,10 +206,7 @@ fn a_forbidden_system_call_on_a_vcpu_thread_ends_ember_with_status_148() {
 
 #[test]
 fn no_seccomp_runs_without_filters_and_bad_filter_files_are_refused() {
-    if !kvm_or_skip("no_seccomp_runs_without_filters_and_bad_filter_files_are_refused") {
-        return;
-    }
-    let s = Scratch::new("seccomp-off");
+    let s = kvm_scratch!("seccomp-off");
     let mut ember = Ember::start(&s, &["--no-seccomp"]);
     let mut c = ember.client();
     configure(&mut c, &s, 1, "ticks");

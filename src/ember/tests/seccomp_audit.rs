@@ -94,10 +94,8 @@ fn vsock_traffic(uds: &std::path::Path) {
 
 #[test]
 fn linux_full_run_makes_only_the_system_calls_its_threads_filters_allow() {
-    let test = "linux_full_run_makes_only_the_system_calls_its_threads_filters_allow";
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
+    let test = &test_name();
     if Command::new("strace").arg("-V").output().is_err() {
         skip(
             test,
@@ -151,13 +149,7 @@ fn linux_full_run_makes_only_the_system_calls_its_threads_filters_allow() {
                 "rate_limiter": {"bandwidth": {"size": 1 << 20, "refill_time": 100}}}),
     )
     .expect(204, "");
-    c.put(
-        "/network-interfaces/eth0",
-        &json!({"iface_id": "eth0", "host_dev_name": "tap0"}),
-    )
-    .expect(204, "");
-    c.put("/mmds/config", &json!({"network_interfaces": ["eth0"]}))
-        .expect(204, "");
+    c.put_eth0_with_mmds();
     c.put("/mmds", &json!({"id": "audit-7"})).expect(204, "");
     let uds = s.path("v.sock");
     c.put(

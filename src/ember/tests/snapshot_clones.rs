@@ -16,10 +16,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 
 #[test]
 fn twenty_clones_of_one_snapshot_run_independently_each_on_its_own_disk() {
-    if !kvm_or_skip("twenty_clones_of_one_snapshot_run_independently_each_on_its_own_disk") {
-        return;
-    }
-    let s = Scratch::new("snapshot-clones");
+    let s = kvm_scratch!("snapshot-clones");
     let machine = json!({"vcpu_count": 1, "mem_size_mib": 128});
     let Snapshotted {
         disk,

@@ -10,7 +10,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::snapshot::*;
-use common::*;
 use serde_json::json;
 
 const BOOT: Duration = Duration::from_secs(30);
@@ -22,10 +21,7 @@ fn allocated(path: &Path) -> u64 {
 
 #[test]
 fn a_diff_snapshot_is_small_and_restores_the_later_state_on_its_base() {
-    if !kvm_or_skip("a_diff_snapshot_is_small_and_restores_the_later_state_on_its_base") {
-        return;
-    }
-    let s = Scratch::new("snapshot-diff");
+    let s = kvm_scratch!("snapshot-diff");
     let disk = s.file("disk.img", &vec![0u8; 1 << 20]);
     let mut a = ember_named(&s, "a");
     let mut c = a.client();

@@ -18,10 +18,7 @@ const MIB: u64 = 1 << 20;
 /// are finished and answered before the queue is saved, so that none is lost.
 #[test]
 fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
-    if !kvm_or_skip("a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on") {
-        return;
-    }
-    let s = Scratch::new("snapshot-load");
+    let s = kvm_scratch!("snapshot-load");
     let Snapshotted {
         disk,
         state,
@@ -99,10 +96,7 @@ fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
 
 #[test]
 fn bad_snapshot_files_and_requests_are_refused_and_the_ember_stays_usable() {
-    if !kvm_or_skip("bad_snapshot_files_and_requests_are_refused_and_the_ember_stays_usable") {
-        return;
-    }
-    let s = Scratch::new("snapshot-refusals");
+    let s = kvm_scratch!("snapshot-refusals");
     let Snapshotted {
         state, mem, last, ..
     } = boot_and_snapshot(&s, &json!({"vcpu_count": 2, "mem_size_mib": 128}));

@@ -41,10 +41,7 @@ fn serve_memory_file(s: &Scratch, mem: &Path, state: &Path) -> (Served, serde_js
 
 #[test]
 fn a_guest_restored_through_a_page_fault_handler_counts_on() {
-    if !kvm_or_skip("a_guest_restored_through_a_page_fault_handler_counts_on") {
-        return;
-    }
-    let s = Scratch::new("snapshot-uffd");
+    let s = kvm_scratch!("snapshot-uffd");
     let machine = json!({"vcpu_count": 2, "mem_size_mib": 128});
     let Snapshotted {
         state, mem, last, ..

@@ -25,9 +25,7 @@ fn machine(s: &Scratch, kernel: &str, vcpus: u8, boot_args: &str) -> serde_json:
 
 #[test]
 fn every_entry_protocol_finds_tables_that_describe_the_machine() {
-    if !kvm_or_skip("every_entry_protocol_finds_tables_that_describe_the_machine") {
-        return;
-    }
+    require_kvm!();
     for (image, vcpus) in [
         (test_guest::PVH_ELF, 1u8),
         (test_guest::LINUX64_ELF, 3),
@@ -52,10 +50,7 @@ fn every_entry_protocol_finds_tables_that_describe_the_machine() {
 
 #[test]
 fn a_guest_powering_off_through_acpi_ends_ember_with_status_0() {
-    if !kvm_or_skip("a_guest_powering_off_through_acpi_ends_ember_with_status_0") {
-        return;
-    }
-    let s = Scratch::new("acpi-off");
+    let s = kvm_scratch!("acpi-off");
     let config = machine(&s, test_guest::PVH_ELF, 1, "console=ttyS0 poweroff");
     let path = s.file("vm.json", config.to_string().as_bytes());
     // The guest waits forever after the write: only Ember's power-off can end it.

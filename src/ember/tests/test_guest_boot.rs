@@ -17,9 +17,7 @@ fn config(kernel: &str, vcpus: u8, mem: u64, boot_args: Option<&str>) -> serde_j
 
 #[test]
 fn the_guest_sees_every_vcpu_come_up() {
-    if !kvm_or_skip("the_guest_sees_every_vcpu_come_up") {
-        return;
-    }
+    require_kvm!();
     for n in [1u8, 2, 4] {
         let s = Scratch::new("cpus");
         let run = run_config(
@@ -42,9 +40,7 @@ fn the_guest_sees_every_vcpu_come_up() {
 
 #[test]
 fn the_e820_map_shows_the_configured_memory() {
-    if !kvm_or_skip("the_e820_map_shows_the_configured_memory") {
-        return;
-    }
+    require_kvm!();
     // RAM is everything but the EBDA/BIOS hole between 0x9fc00 and 1 MiB.
     let hole = 0x10_0000u64 - 0x9_fc00;
     for (mib, top) in [(128u64, 128u64 << 20), (4096, (1u64 << 32) + (1 << 30))] {
@@ -82,9 +78,7 @@ fn the_e820_map_shows_the_configured_memory() {
 /// Each image format is entered by its own protocol and finds the command line and initrd.
 #[test]
 fn elf_pvh_elf_64_bit_and_bzimage_boot_with_an_initrd() {
-    if !kvm_or_skip("elf_pvh_elf_64_bit_and_bzimage_boot_with_an_initrd") {
-        return;
-    }
+    require_kvm!();
     for (image, boot) in [
         (test_guest::PVH_ELF, "boot=pvh magic=0x336ec578"),
         (
@@ -123,10 +117,7 @@ fn elf_pvh_elf_64_bit_and_bzimage_boot_with_an_initrd() {
 
 #[test]
 fn without_boot_args_the_firecracker_default_is_used() {
-    if !kvm_or_skip("without_boot_args_the_firecracker_default_is_used") {
-        return;
-    }
-    let s = Scratch::new("default-args");
+    let s = kvm_scratch!("default-args");
     let run = run_config(&s, &config(test_guest::PVH_ELF, 1, 128, None));
     run.assert_clean_exit();
     assert_eq!(
@@ -138,10 +129,7 @@ fn without_boot_args_the_firecracker_default_is_used() {
 
 #[test]
 fn an_i8042_reset_ends_ember_with_status_0_promptly() {
-    if !kvm_or_skip("an_i8042_reset_ends_ember_with_status_0_promptly") {
-        return;
-    }
-    let s = Scratch::new("reset");
+    let s = kvm_scratch!("reset");
     let run = run_config(&s, &config(test_guest::PVH_ELF, 1, 128, Some("quick")));
     run.assert_clean_exit();
     assert_eq!(run.guest_lines().last(), Some(&"hello"));
@@ -156,9 +144,7 @@ fn an_i8042_reset_ends_ember_with_status_0_promptly() {
 
 #[test]
 fn sigterm_and_sigint_end_a_running_guest_with_documented_statuses() {
-    if !kvm_or_skip("sigterm_and_sigint_end_a_running_guest_with_documented_statuses") {
-        return;
-    }
+    require_kvm!();
     for (signal, status) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
         let s = Scratch::new("signal");
         let path = s.file(
@@ -183,10 +169,7 @@ fn sigterm_and_sigint_end_a_running_guest_with_documented_statuses() {
 
 #[test]
 fn the_boot_timer_logs_the_guest_boot_time() {
-    if !kvm_or_skip("the_boot_timer_logs_the_guest_boot_time") {
-        return;
-    }
-    let s = Scratch::new("boot-timer");
+    let s = kvm_scratch!("boot-timer");
     let disk = s.file("disk.img", &[0u8; 4096]);
     let mut cfg = config(test_guest::PVH_ELF, 1, 128, Some("nosmp boottimer"));
     cfg["drives"] = json!([{"drive_id": "rootfs", "path_on_host": disk, "is_root_device": true}]);
@@ -227,10 +210,7 @@ fn hex(s: &str) -> u32 {
 
 #[test]
 fn the_guest_sees_the_cpuid_ember_sets() {
-    if !kvm_or_skip("the_guest_sees_the_cpuid_ember_sets") {
-        return;
-    }
-    let s = Scratch::new("cpuid");
+    let s = kvm_scratch!("cpuid");
     let run = run_config(
         &s,
         &config(test_guest::PVH_ELF, 3, 128, Some("cpuid nosmp")),
@@ -261,10 +241,7 @@ fn the_guest_sees_the_cpuid_ember_sets() {
 
 #[test]
 fn a_custom_cpu_template_changes_the_cpuid_the_guest_reads() {
-    if !kvm_or_skip("a_custom_cpu_template_changes_the_cpuid_the_guest_reads") {
-        return;
-    }
-    let s = Scratch::new("cpu-template");
+    let s = kvm_scratch!("cpu-template");
     let plain = config(test_guest::PVH_ELF, 1, 64, Some("cpuid"));
     let run = run_config(&s, &plain);
     run.assert_clean_exit();
@@ -315,10 +292,7 @@ fn a_custom_cpu_template_changes_the_cpuid_the_guest_reads() {
 
 #[test]
 fn static_cpu_templates_are_checked_against_the_host_cpu() {
-    if !kvm_or_skip("static_cpu_templates_are_checked_against_the_host_cpu") {
-        return;
-    }
-    let s = Scratch::new("static-template");
+    let s = kvm_scratch!("static-template");
     // Firecracker's rule: T2, T2S, T2CL and C3 need an Intel CPU and T2A an AMD one, each of
     // the models the template was made for (Skylake, Cascade Lake, Ice Lake; Milan).
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();

@@ -35,9 +35,7 @@ fn config(drives: &[serde_json::Value]) -> serde_json::Value {
 
 #[test]
 fn a_write_to_a_data_disk_lands_in_its_image_byte_for_byte() {
-    if !kvm_or_skip("a_write_to_a_data_disk_lands_in_its_image_byte_for_byte") {
-        return;
-    }
+    require_kvm!();
     for engine in ENGINES {
         let s = Scratch::new("write");
         let root_bytes = noise(1 << 20, 11);
@@ -87,9 +85,7 @@ fn a_write_to_a_data_disk_lands_in_its_image_byte_for_byte() {
 
 #[test]
 fn a_read_only_drive_refuses_writes_and_its_image_is_unchanged() {
-    if !kvm_or_skip("a_read_only_drive_refuses_writes_and_its_image_is_unchanged") {
-        return;
-    }
+    require_kvm!();
     for engine in ENGINES {
         let s = Scratch::new("ro");
         let root = s.file("root.img", &noise(64 << 10, 3));
@@ -120,10 +116,7 @@ fn a_read_only_drive_refuses_writes_and_its_image_is_unchanged() {
 
 #[test]
 fn data_disks_show_their_drive_ids_as_serials() {
-    if !kvm_or_skip("data_disks_show_their_drive_ids_as_serials") {
-        return;
-    }
-    let s = Scratch::new("ids");
+    let s = kvm_scratch!("ids");
     let root = s.file("root.img", &noise(64 << 10, 1));
     let a = s.file("a.img", &[0u8; 8192]);
     let b = s.file("b.img", &[0u8; 4096 + 512 + 100]);
@@ -155,9 +148,7 @@ fn data_disks_show_their_drive_ids_as_serials() {
 
 #[test]
 fn bad_requests_from_the_guest_get_device_errors_and_leave_the_disk_alone() {
-    if !kvm_or_skip("bad_requests_from_the_guest_get_device_errors_and_leave_the_disk_alone") {
-        return;
-    }
+    require_kvm!();
     for engine in ENGINES {
         let s = Scratch::new("hostile");
         let root = s.file("root.img", &noise(64 << 10, 9));

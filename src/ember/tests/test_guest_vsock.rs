@@ -14,10 +14,7 @@ use serde_json::json;
 
 #[test]
 fn hostile_vsock_packets_do_not_stop_ember_or_the_device() {
-    if !kvm_or_skip("hostile_vsock_packets_do_not_stop_ember_or_the_device") {
-        return;
-    }
-    let s = Scratch::new("vsock-hostile");
+    let s = kvm_scratch!("vsock-hostile");
     let uds = s.path("v.sock");
     let listener = UnixListener::bind(format!("{}_1234", uds.display())).unwrap();
     let host = std::thread::spawn(move || {

@@ -15,7 +15,6 @@ const MAX_BYTES: u64 = 64 << 10;
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// The `ember` binary; by default the one beside the shim, else `ember` on `PATH`.
-    #[serde(default)]
     pub ember: Option<PathBuf>,
     /// The guest kernel (the project's `vmlinux`) and root filesystem (its `rootfs.ext4`,
     /// attached read-only, so every sandbox shares it).

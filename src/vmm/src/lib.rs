@@ -15,6 +15,7 @@
 pub mod builder;
 pub mod config;
 pub mod controller;
+pub mod device_set;
 pub mod event_loop;
 pub mod memory;
 pub mod metrics_writer;

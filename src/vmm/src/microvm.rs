@@ -3,15 +3,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use devices::legacy::{Serial, I8042};
+use devices::legacy::I8042;
 use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
 use devices::virtio::net::Net;
-use devices::virtio::rng::Entropy;
-use devices::virtio::vsock::Vsock;
-use devices::virtio::MmioTransport;
 use event_manager::{EventManager, SubscriberOps};
 
+pub use crate::device_set::Devices;
 use crate::event_loop::Subscriber;
 use crate::memory::GuestMemory;
 use crate::snapshot::{
@@ -30,25 +28,6 @@ pub enum Error {
     KickHandler(#[source] std::io::Error),
     #[error("vCPU {0} did not pause in time; the microVM keeps running")]
     PauseTimeout(u8),
-}
-
-/// The virtio devices by ID, for the API's changes after boot.
-#[derive(Debug, Default)]
-pub struct Devices {
-    pub serial: Option<Arc<Mutex<Serial>>>,
-    /// Every virtio-mmio transport, in the order of their MMIO windows.
-    pub transports: Vec<Arc<Mutex<MmioTransport>>>,
-    /// Under `--enable-pci`, every virtio-pci transport instead, in slot order.
-    pub pci_transports: Vec<Arc<Mutex<devices::virtio::pci::PciTransport>>>,
-    pub blocks: Vec<(String, Arc<Mutex<Block>>)>,
-    pub nets: Vec<(String, Arc<Mutex<Net>>)>,
-    pub entropy: Option<Arc<Mutex<Entropy>>>,
-    pub balloon: Option<Arc<Mutex<Balloon>>>,
-    pub vsock: Option<Arc<Mutex<Vsock>>>,
-}
-
-fn find<'a, T>(list: &'a [(String, Arc<Mutex<T>>)], id: &str) -> Option<&'a Arc<Mutex<T>>> {
-    list.iter().find(|(name, _)| name == id).map(|(_, d)| d)
 }
 
 /// KVM's counters of each vCPU that has them, by vCPU index.
@@ -138,18 +117,18 @@ impl MicroVm {
         Ok(())
     }
 
-    pub fn balloon(&self) -> Option<&Arc<Mutex<Balloon>>> {
-        self.devices.balloon.as_ref()
+    pub fn balloon(&self) -> Option<&Mutex<Balloon>> {
+        self.devices.all().next()
     }
 
     /// The block device of drive `id`.
-    pub fn block(&self, id: &str) -> Option<&Arc<Mutex<Block>>> {
-        find(&self.devices.blocks, id)
+    pub fn block(&self, id: &str) -> Option<&Mutex<Block>> {
+        self.devices.get(id)
     }
 
     /// The net device of interface `id`.
-    pub fn net(&self, id: &str) -> Option<&Arc<Mutex<Net>>> {
-        find(&self.devices.nets, id)
+    pub fn net(&self, id: &str) -> Option<&Mutex<Net>> {
+        self.devices.get(id)
     }
 
     pub fn is_paused(&self) -> bool {
@@ -186,7 +165,7 @@ impl MicroVm {
         }
         // Async disk requests in flight finish and are answered first, so that the saved
         // queues and interrupt state hold every one of them.
-        for (_, block) in &self.devices.blocks {
+        for block in self.devices.all::<Block>() {
             devices::bus::lock(block).drain();
         }
         let vcpus = control::save_all(&self.handles).map_err(SnapshotError::Vcpu)?;
@@ -208,13 +187,9 @@ impl MicroVm {
                         .map(|t| devices::bus::lock(t).snapshot()),
                 )
                 .collect(),
-            balloon_actual_pages: d
-                .balloon
-                .as_ref()
-                .map(|b| devices::bus::lock(b).actual_pages()),
-            balloon_hinting: d
-                .balloon
-                .as_ref()
+            balloon_actual_pages: self.balloon().map(|b| devices::bus::lock(b).actual_pages()),
+            balloon_hinting: self
+                .balloon()
                 .and_then(|b| devices::bus::lock(b).hinting_state()),
         };
         let memory = match params.snapshot_type {

@@ -10,6 +10,7 @@ use crate::config::{
     VsockDeviceConfig,
 };
 
+use crate::builder::VirtioSpec;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::Arc;
@@ -275,6 +276,23 @@ impl VmResources {
         }
         self.mmds_config = Some(config);
         Ok(())
+    }
+
+    /// Every virtio device's configuration, in attach order (a snapshot's devices are
+    /// matched to these by that order): drives (the root first), interfaces, then the
+    /// entropy device, the balloon and vsock.
+    pub(crate) fn virtio_devices(&self) -> Vec<&dyn VirtioSpec> {
+        let drives = self.drives.iter().map(|d| d as &dyn VirtioSpec);
+        let ifaces = self.network_interfaces.iter().map(|i| i as &dyn VirtioSpec);
+        let entropy = self.entropy.iter().map(|e| e as &dyn VirtioSpec);
+        let balloon = self.balloon.iter().map(|b| b as &dyn VirtioSpec);
+        let vsock = self.vsock.iter().map(|v| v as &dyn VirtioSpec);
+        drives
+            .chain(ifaces)
+            .chain(entropy)
+            .chain(balloon)
+            .chain(vsock)
+            .collect()
     }
 
     /// `PUT /entropy`: adds the entropy device, or replaces its configuration.

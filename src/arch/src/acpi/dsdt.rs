@@ -5,16 +5,12 @@
 
 use super::aml::{self, Resources};
 use super::{PciBus, VirtioMmio};
-use crate::layout::{I8042_IRQ, SERIAL_IRQ};
+use crate::layout::{
+    COM1_PORTS, I8042_COMMAND_PORT, I8042_IRQ, I8042_PORT, PCI_CONFIG_PORTS, SERIAL_IRQ,
+};
 
 /// The sleep type of S5 (soft off), written with SLP_EN to the sleep control register.
 pub const S5_SLEEP_TYPE: u8 = 5;
-
-const COM1_BASE: u16 = 0x3f8;
-const COM1_LEN: u8 = 8;
-const I8042_DATA: u16 = 0x60;
-const I8042_COMMAND: u16 = 0x64;
-const PCI_CONFIG_PORT: u16 = 0xcf8;
 
 fn legacy_devices(sb: &mut Vec<u8>) {
     let mut com1 = Vec::new();
@@ -22,7 +18,7 @@ fn legacy_devices(sb: &mut Vec<u8>) {
     aml::name_object(&mut com1, "_UID", &aml::integer(0));
     aml::name_object(&mut com1, "_DDN", &aml::string("COM1"));
     let crs = Resources::default()
-        .io(COM1_BASE, COM1_LEN)
+        .io(COM1_PORTS.base, COM1_PORTS.len)
         .interrupt(SERIAL_IRQ)
         .encode();
     aml::name_object(&mut com1, "_CRS", &crs);
@@ -31,8 +27,8 @@ fn legacy_devices(sb: &mut Vec<u8>) {
     let mut ps2 = Vec::new();
     aml::name_object(&mut ps2, "_HID", &aml::dword(aml::eisa_id("PNP0303")));
     let crs = Resources::default()
-        .io(I8042_DATA, 1)
-        .io(I8042_COMMAND, 1)
+        .io(I8042_PORT, 1)
+        .io(I8042_COMMAND_PORT, 1)
         .interrupt(I8042_IRQ)
         .encode();
     aml::name_object(&mut ps2, "_CRS", &crs);
@@ -65,7 +61,7 @@ fn pci_host_bridge(sb: &mut Vec<u8>, pci: &PciBus) {
     aml::name_object(&mut body, "_BBN", &aml::integer(0));
     let crs = Resources::default()
         .bus_numbers(0, 0)
-        .io(PCI_CONFIG_PORT, 8)
+        .io(PCI_CONFIG_PORTS.base, PCI_CONFIG_PORTS.len)
         .memory_window(pci.window as u32, pci.window_len as u32)
         .encode();
     aml::name_object(&mut body, "_CRS", &crs);

@@ -15,9 +15,6 @@ use crate::bus::{lock, BusDevice};
 pub const MAX_DEVICES: usize = 31;
 /// ECAM: one bus of 32 devices × 8 functions × 4 KiB.
 pub const ECAM_SIZE: u64 = 32 * 8 * 4096;
-/// Configuration mechanism #1: the address latch and the data window.
-pub const CONFIG_IO_PORT: u64 = 0xcf8;
-pub const CONFIG_IO_LEN: u64 = 8;
 const CONFIG_ADDRESS_ENABLE: u32 = 1 << 31;
 
 /// The host bridge's identity: Red Hat's PCIe host bridge ID, as virtual machines commonly

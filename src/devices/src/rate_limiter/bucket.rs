@@ -12,7 +12,6 @@
 #[serde(deny_unknown_fields)]
 pub struct TokenBucketConfig {
     pub size: u64,
-    #[serde(default)]
     pub one_time_burst: Option<u64>,
     /// Milliseconds to refill the whole bucket.
     pub refill_time: u64,

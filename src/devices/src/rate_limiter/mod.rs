@@ -30,9 +30,7 @@ pub enum BucketUpdate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimiterConfig {
-    #[serde(default)]
     pub bandwidth: Option<TokenBucketConfig>,
-    #[serde(default)]
     pub ops: Option<TokenBucketConfig>,
 }
 

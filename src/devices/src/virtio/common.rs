@@ -12,18 +12,11 @@ use super::{ActivateError, GuestMemory, Interrupt, InterruptKind};
 
 /// A started device's queues, in the order the device defines, with guest memory and the
 /// interrupt that tells the driver about used buffers.
+#[derive(Debug)]
 pub struct Active {
     pub mem: GuestMemory,
     pub queues: Vec<Queue>,
     pub irq: Arc<dyn Interrupt>,
-}
-
-impl std::fmt::Debug for Active {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Active")
-            .field("queues", &self.queues.len())
-            .finish()
-    }
 }
 
 /// One request as a device finds it: the driver's chain of buffers in guest memory.
@@ -77,6 +70,7 @@ impl Active {
     }
 }
 
+#[derive(Debug)]
 pub struct VirtioCommon {
     avail_features: u64,
     acked_features: u64,
@@ -84,15 +78,6 @@ pub struct VirtioCommon {
     queue_events: Vec<EventFd>,
     /// Taken by a device while it works on its queues, and put back.
     pub active: Option<Active>,
-}
-
-impl std::fmt::Debug for VirtioCommon {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VirtioCommon")
-            .field("acked_features", &self.acked_features)
-            .field("active", &self.active.is_some())
-            .finish()
-    }
 }
 
 impl VirtioCommon {

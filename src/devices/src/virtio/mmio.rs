@@ -42,17 +42,10 @@ pub const REG_CONFIG_GENERATION: u64 = 0x0fc;
 pub const CONFIG_SPACE: u64 = 0x100;
 
 /// One device's MMIO window.
+#[derive(Debug)]
 pub struct MmioTransport {
     state: TransportState,
     irq: Arc<IrqTrigger>,
-}
-
-impl std::fmt::Debug for MmioTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MmioTransport")
-            .field("state", &self.state)
-            .finish()
-    }
 }
 
 impl MmioTransport {

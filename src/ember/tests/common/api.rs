@@ -117,6 +117,20 @@ impl Client {
         }
     }
 
+    /// `eth0` on the TAP `tap0`, with the MMDS reachable through it.
+    pub fn put_eth0_with_mmds(&mut self) {
+        self.put(
+            "/network-interfaces/eth0",
+            &serde_json::json!({"iface_id": "eth0", "host_dev_name": "tap0"}),
+        )
+        .expect(204, "");
+        self.put(
+            "/mmds/config",
+            &serde_json::json!({"network_interfaces": ["eth0"]}),
+        )
+        .expect(204, "");
+    }
+
     pub fn instance_start(&mut self) {
         self.put(
             "/actions",

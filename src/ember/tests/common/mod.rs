@@ -27,6 +27,45 @@ pub fn skip(test: &str, reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }
 
+/// The running test's name: libtest runs each test on a thread named after it.
+pub fn test_name() -> String {
+    let thread = std::thread::current();
+    let name = thread.name().unwrap_or("a test");
+    name.rsplit("::").next().unwrap_or(name).to_string()
+}
+
+/// Ends the test (after its SKIPPED line) on a host whose KVM cannot be opened.
+#[macro_export]
+macro_rules! require_kvm {
+    () => {
+        if !$crate::common::kvm_or_skip(&$crate::common::test_name()) {
+            return;
+        }
+    };
+}
+
+/// A scratch directory named `tag` for a test that needs KVM; ends the test (after its
+/// SKIPPED line) on a host whose KVM cannot be opened.
+#[macro_export]
+macro_rules! kvm_scratch {
+    ($tag:expr) => {{
+        $crate::require_kvm!();
+        $crate::common::Scratch::new($tag)
+    }};
+}
+
+/// The Linux guest's images for a test that boots Linux; ends the test (after its SKIPPED
+/// line) where KVM or the images are missing.
+#[macro_export]
+macro_rules! linux_images {
+    () => {
+        match $crate::common::linux::linux_or_skip(&$crate::common::test_name()) {
+            Some(images) => images,
+            None => return,
+        }
+    };
+}
+
 /// Which KVM this host has: `kvm_pvm`, `kvm_intel`, `kvm_amd`, or `KVM` when /sys does not
 /// say (inside a jail).
 pub fn host_kind() -> &'static str {

@@ -42,7 +42,6 @@ pub struct Disk {
     pub fstype: String,
     #[serde(default)]
     pub options: Vec<String>,
-    #[serde(default)]
     pub size: Option<u64>,
 }
 
@@ -55,9 +54,7 @@ pub struct Rootfs {
     pub fstype: String,
     #[serde(default)]
     pub options: Vec<String>,
-    #[serde(default)]
     pub size: Option<u64>,
-    #[serde(default)]
     pub writable: Option<Disk>,
 }
 
@@ -103,24 +100,20 @@ pub enum Op {
     /// Starts the init, or an exec registered before.
     Start {
         id: String,
-        #[serde(default)]
         exec_id: Option<String>,
     },
     /// Answers once the process has exited, with its status.
     Wait {
         id: String,
-        #[serde(default)]
         exec_id: Option<String>,
     },
     State {
         id: String,
-        #[serde(default)]
         exec_id: Option<String>,
     },
     /// Signals the process (`all`: every process of the container).
     Kill {
         id: String,
-        #[serde(default)]
         exec_id: Option<String>,
         signal: i32,
         #[serde(default)]
@@ -129,14 +122,12 @@ pub enum Op {
     /// The rest of the connection is the process's `stream`.
     Stdio {
         id: String,
-        #[serde(default)]
         exec_id: Option<String>,
         stream: Stream,
     },
     /// The process's terminal size.
     Resize {
         id: String,
-        #[serde(default)]
         exec_id: Option<String>,
         width: u16,
         height: u16,
@@ -144,7 +135,6 @@ pub enum Op {
     /// Ends the process's standard input.
     CloseStdin {
         id: String,
-        #[serde(default)]
         exec_id: Option<String>,
     },
     /// Gives the VM's `interface` the sandbox's address (`10.88.0.5/16`), default route,
@@ -152,20 +142,18 @@ pub enum Op {
     Network {
         interface: String,
         address: String,
-        #[serde(default)]
         gateway: Option<String>,
-        #[serde(default)]
         mtu: Option<u32>,
         /// The MAC address `interface` takes (the CNI interface's).
-        #[serde(default)]
         mac: Option<String>,
     },
     /// The container's resource use, from its cgroup (`stats.rs`).
-    Stats { id: String },
+    Stats {
+        id: String,
+    },
     /// Forgets an exited exec, or removes the container (killing what runs in it).
     Delete {
         id: String,
-        #[serde(default)]
         exec_id: Option<String>,
     },
 }

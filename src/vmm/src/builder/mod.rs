@@ -11,8 +11,10 @@ use std::sync::Arc;
 
 use arch::cpuid::Topology;
 use arch::layout::{self, CMDLINE_MAX_SIZE};
+use devices::virtio::balloon::Balloon;
 
 use self::attach::{attach_devices, Attached};
+pub(crate) use self::attach::{VirtioSpec, Wiring};
 use crate::config::{self, BootSourceConfig};
 use crate::memory::{self, GuestMemory};
 use crate::microvm::{MicroVm, Parts, VcpuCounters};
@@ -213,16 +215,14 @@ fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
             None,
         )?)
     })?;
-    if let (Some(balloon), Some(pages)) = (
-        &attached.devices.balloon,
-        state.devices.balloon_actual_pages,
-    ) {
-        devices::bus::lock(balloon).restore_actual_pages(pages);
-    }
-    if let (Some(balloon), Some(hinting)) =
-        (&attached.devices.balloon, state.devices.balloon_hinting)
-    {
-        devices::bus::lock(balloon).restore_hinting(hinting);
+    if let Some(balloon) = attached.devices.all::<Balloon>().next() {
+        let mut balloon = devices::bus::lock(balloon);
+        if let Some(pages) = state.devices.balloon_actual_pages {
+            balloon.restore_actual_pages(pages);
+        }
+        if let Some(hinting) = state.devices.balloon_hinting {
+            balloon.restore_hinting(hinting);
+        }
     }
     // A microVM's virtio devices are all virtio-mmio or all virtio-pci.
     for (transport, saved) in mmio.iter().zip(&state.devices.virtio) {

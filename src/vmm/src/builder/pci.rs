@@ -6,9 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use arch::layout;
-use devices::pci::root::{
-    PciBarWindow, PciConfigIo, PciEcam, PciRoot, CONFIG_IO_LEN, CONFIG_IO_PORT, ECAM_SIZE,
-};
+use devices::pci::root::{PciBarWindow, PciConfigIo, PciEcam, PciRoot, ECAM_SIZE};
 use devices::virtio::pci::{PciInterrupt, PciTransport, BAR_SIZE};
 use devices::virtio::VirtioDevice;
 use devices::Bus;
@@ -30,9 +28,10 @@ impl PciWiring {
     pub fn new(vm: &Vm, pio: &mut Bus, mmio: &mut Bus) -> Result<Self, BuildError> {
         const _: () = assert!(ECAM_SIZE == layout::PCI_ECAM_SIZE);
         let root = Arc::new(Mutex::new(PciRoot::new()));
+        let ports = layout::PCI_CONFIG_PORTS;
         pio.insert(
-            CONFIG_IO_PORT,
-            CONFIG_IO_LEN,
+            ports.base.into(),
+            ports.len.into(),
             Arc::new(Mutex::new(PciConfigIo::new(root.clone()))),
         )?;
         mmio.insert(

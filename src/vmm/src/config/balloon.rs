@@ -1,9 +1,11 @@
 //! `balloon`: the memory balloon (Firecracker's `Balloon`, `BalloonUpdate` and
 //! `BalloonStatsUpdate` bodies).
 
+use devices::virtio::balloon::{Balloon, BalloonConfig};
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use crate::builder::{BuildError, VirtioSpec, Wiring};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -46,5 +48,21 @@ pub fn check_amount(amount_mib: u32, mem_size_mib: usize) -> Result<(), ConfigEr
             mem_size_mib,
         }),
         false => Ok(()),
+    }
+}
+
+impl VirtioSpec for BalloonDeviceConfig {
+    fn attach(&self, w: &mut Wiring) -> Result<(), BuildError> {
+        let config = BalloonConfig {
+            amount_mib: self.amount_mib,
+            deflate_on_oom: self.deflate_on_oom,
+            stats_polling_interval_s: self.stats_polling_interval_s,
+            free_page_hinting: self.free_page_hinting,
+            free_page_reporting: self.free_page_reporting,
+            host_page_size: w.resources().machine_config.huge_pages.page_size(),
+            metrics: w.metrics().balloon.clone(),
+        };
+        let balloon = Balloon::new(&config).map_err(BuildError::EventFd)?;
+        w.attach_virtio("balloon", balloon)
     }
 }

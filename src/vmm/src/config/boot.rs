@@ -15,9 +15,7 @@ pub const DEFAULT_BOOT_ARGS: &str =
 #[serde(deny_unknown_fields)]
 pub struct BootSourceConfig {
     pub kernel_image_path: String,
-    #[serde(default)]
     pub boot_args: Option<String>,
-    #[serde(default)]
     pub initrd_path: Option<String>,
 }
 

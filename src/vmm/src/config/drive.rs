@@ -3,9 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use devices::virtio::block::{Block, BlockConfig};
 pub use devices::virtio::block::{CacheType, IoEngine};
 
 use super::{check_readable, ConfigError, RateLimiterConfig};
+use crate::builder::{BuildError, VirtioSpec, Wiring};
 
 /// A drive's backing file: an image file or a host block device.
 const DISK: hostfile::Kind = hostfile::Kind::RegularOrBlockDevice;
@@ -18,16 +20,13 @@ pub struct DriveConfig {
     pub is_root_device: bool,
     #[serde(default)]
     pub is_read_only: bool,
-    #[serde(default)]
     pub partuuid: Option<String>,
     #[serde(default)]
     pub cache_type: CacheType,
     #[serde(default)]
     pub io_engine: IoEngine,
-    #[serde(default)]
     pub rate_limiter: Option<RateLimiterConfig>,
     /// vhost-user-block: not part of Ember.
-    #[serde(default)]
     pub socket: Option<String>,
 }
 
@@ -58,9 +57,7 @@ impl DriveConfig {
 #[serde(deny_unknown_fields)]
 pub struct PartialDrive {
     pub drive_id: String,
-    #[serde(default)]
     pub path_on_host: Option<String>,
-    #[serde(default)]
     pub rate_limiter: Option<RateLimiterConfig>,
 }
 
@@ -74,5 +71,33 @@ impl PartialDrive {
             Some(path) => check_readable("the disk image", path, DISK),
             None => Ok(()),
         }
+    }
+}
+
+impl VirtioSpec for DriveConfig {
+    /// A block device on the drive's file; the root drive also names itself on the kernel
+    /// command line, as Firecracker does.
+    fn attach(&self, w: &mut Wiring) -> Result<(), BuildError> {
+        let config = BlockConfig {
+            id: self.drive_id.clone(),
+            path: self.path_on_host.clone().into(),
+            read_only: self.is_read_only,
+            cache: self.cache_type,
+            engine: self.io_engine,
+            limiter: self.rate_limiter.unwrap_or_default(),
+            metrics: w.metrics().block(&self.drive_id),
+        };
+        let block = Block::new(&config).map_err(|source| BuildError::Drive {
+            id: self.drive_id.clone(),
+            source,
+        })?;
+        if self.is_root_device {
+            let mode = if self.is_read_only { "ro" } else { "rw" };
+            match &self.partuuid {
+                Some(uuid) => w.kernel_args(&format!(" root=PARTUUID={uuid} {mode}")),
+                None => w.kernel_args(&format!(" root=/dev/vda {mode}")),
+            }
+        }
+        w.attach_virtio(&self.drive_id, block)
     }
 }

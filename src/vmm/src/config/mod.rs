@@ -51,21 +51,17 @@ pub struct VmConfig {
     #[serde(rename = "cpu-config", default)]
     pub cpu_config: Option<CpuConfig>,
     /// Applied when ember starts; `GET /vm/config` shows `null`, as Firecracker does.
-    #[serde(default)]
     pub logger: Option<LoggerConfig>,
     #[serde(rename = "machine-config", default)]
     pub machine_config: Option<MachineConfig>,
     /// Applied when ember starts; `GET /vm/config` shows `null`, as Firecracker does.
-    #[serde(default)]
     pub metrics: Option<MetricsConfig>,
     #[serde(rename = "mmds-config", default)]
     pub mmds_config: Option<MmdsConfig>,
     #[serde(rename = "network-interfaces", default)]
     pub network_interfaces: Vec<NetworkInterfaceConfig>,
-    #[serde(default)]
     pub vsock: Option<VsockDeviceConfig>,
     /// `null` asks for no device.
-    #[serde(default)]
     pub entropy: Option<EntropyDeviceConfig>,
     /// Firecracker's sections for devices Ember lacks, accepted when empty (`null`, `[]`) so
     /// that its files and its `GET /vm/config` output load; anything in them is refused by

@@ -2,9 +2,11 @@
 //! before boot ([`NetworkInterfaceConfig`]); PATCH changes its rate limiters after boot
 //! ([`PartialNetworkInterface`]).
 
+use devices::virtio::net::{MmdsLink, Net, NetConfig};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{valid_id, ConfigError, RateLimiterConfig};
+use crate::builder::{BuildError, VirtioSpec, Wiring};
 
 /// A MAC address, written `aa:bb:cc:dd:ee:ff` in the API as in Firecracker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,14 +61,10 @@ impl Serialize for MacAddr {
 pub struct NetworkInterfaceConfig {
     pub iface_id: String,
     pub host_dev_name: String,
-    #[serde(default)]
     pub guest_mac: Option<MacAddr>,
     /// Advertised with VIRTIO_NET_F_MTU when set.
-    #[serde(default)]
     pub mtu: Option<u32>,
-    #[serde(default)]
     pub rx_rate_limiter: Option<RateLimiterConfig>,
-    #[serde(default)]
     pub tx_rate_limiter: Option<RateLimiterConfig>,
 }
 
@@ -106,14 +104,42 @@ impl NetworkInterfaceConfig {
 #[serde(deny_unknown_fields)]
 pub struct PartialNetworkInterface {
     pub iface_id: String,
-    #[serde(default)]
     pub rx_rate_limiter: Option<RateLimiterConfig>,
-    #[serde(default)]
     pub tx_rate_limiter: Option<RateLimiterConfig>,
 }
 
 impl PartialNetworkInterface {
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_limiters(self.rx_rate_limiter.as_ref(), self.tx_rate_limiter.as_ref())
+    }
+}
+
+impl VirtioSpec for NetworkInterfaceConfig {
+    /// A net device on the interface's TAP, with the MMDS if the MMDS config names it.
+    fn attach(&self, w: &mut Wiring) -> Result<(), BuildError> {
+        let mmds = w
+            .resources()
+            .mmds_config
+            .as_ref()
+            .filter(|m| m.network_interfaces.contains(&self.iface_id))
+            .map(|m| MmdsLink {
+                ip: m.ipv4_address,
+                store: w.mmds().clone(),
+            });
+        let config = NetConfig {
+            id: self.iface_id.clone(),
+            tap: self.host_dev_name.clone(),
+            guest_mac: self.guest_mac.map(|m| m.0),
+            mtu: self.mtu.map(|m| m as u16),
+            mmds,
+            rx_limiter: self.rx_rate_limiter.unwrap_or_default(),
+            tx_limiter: self.tx_rate_limiter.unwrap_or_default(),
+            metrics: w.metrics().net(&self.iface_id),
+        };
+        let net = Net::new(&config).map_err(|source| BuildError::Net {
+            id: self.iface_id.clone(),
+            source,
+        })?;
+        w.attach_virtio(&self.iface_id, net)
     }
 }

@@ -10,9 +10,7 @@ use super::{ConfigError, TokenBucketConfig};
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SerialConfig {
-    #[serde(default)]
     pub serial_out_path: Option<String>,
-    #[serde(default)]
     pub rate_limiter: Option<TokenBucketConfig>,
 }
 

@@ -53,15 +53,10 @@ impl Serialize for LogLevel {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoggerConfig {
-    #[serde(default)]
     pub log_path: Option<String>,
-    #[serde(default)]
     pub level: Option<LogLevel>,
-    #[serde(default)]
     pub show_level: Option<bool>,
-    #[serde(default)]
     pub show_log_origin: Option<bool>,
-    #[serde(default)]
     pub module: Option<String>,
 }
 

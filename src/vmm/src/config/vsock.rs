@@ -1,9 +1,14 @@
 //! `vsock`: the virtio-vsock device and the host Unix socket behind it (Firecracker's `Vsock`
 //! body).
 
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
+
+use devices::virtio::vsock::{Vsock, VsockConfig};
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
+use crate::builder::{BuildError, VirtioSpec, Wiring};
 
 /// Unix socket paths (`sockaddr_un.sun_path`) hold 107 bytes and a NUL; guest-initiated
 /// connections go to `<uds_path>_<port>`, up to 11 bytes longer.
@@ -31,5 +36,20 @@ impl VsockDeviceConfig {
             return Err(ConfigError::VsockPath(self.uds_path.clone()));
         }
         Ok(())
+    }
+}
+
+/// The vsock device's configuration with the socket `PUT /vsock` bound for it.
+impl VirtioSpec for (VsockDeviceConfig, Arc<UnixListener>) {
+    fn attach(&self, w: &mut Wiring) -> Result<(), BuildError> {
+        let (device, listener) = self;
+        let config = VsockConfig {
+            guest_cid: u64::from(device.guest_cid),
+            uds_path: device.uds_path.clone().into(),
+            listener: listener.try_clone().map_err(BuildError::Vsock)?,
+            metrics: w.metrics().vsock.clone(),
+        };
+        let vsock = Vsock::new(config).map_err(BuildError::Vsock)?;
+        w.attach_virtio("vsock", vsock)
     }
 }

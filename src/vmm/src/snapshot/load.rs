@@ -18,9 +18,7 @@ use crate::resources::VmResources;
 pub struct SnapshotLoadParams {
     pub snapshot_path: String,
     /// Deprecated in Firecracker: a `File` backend.
-    #[serde(default)]
     pub mem_file_path: Option<String>,
-    #[serde(default)]
     pub mem_backend: Option<MemoryBackend>,
     /// Deprecated in Firecracker: `track_dirty_pages`.
     #[serde(default)]
@@ -31,7 +29,6 @@ pub struct SnapshotLoadParams {
     pub resume_vm: bool,
     #[serde(default)]
     pub network_overrides: Vec<NetworkOverride>,
-    #[serde(default)]
     pub vsock_override: Option<VsockOverride>,
     /// Advance the guest clock by the wall-clock time since the snapshot.
     #[serde(default)]

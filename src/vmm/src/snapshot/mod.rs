@@ -70,7 +70,6 @@ pub struct DeviceStates {
     /// The pages the balloon's driver said it holds.
     pub balloon_actual_pages: Option<u32>,
     /// Where free page hinting stood, when the balloon offers it.
-    #[serde(default)]
     pub balloon_hinting: Option<devices::virtio::balloon::HintingState>,
 }
 

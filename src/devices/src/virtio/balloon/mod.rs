@@ -65,6 +65,7 @@ pub struct BalloonConfig {
     pub metrics: Arc<BalloonMetrics>,
 }
 
+#[derive(Debug)]
 pub struct Balloon {
     common: VirtioCommon,
     /// Pages the host wants in the balloon (`num_pages`).
@@ -84,15 +85,6 @@ pub struct Balloon {
     reporting: Option<usize>,
     host_page_size: u64,
     metrics: Arc<BalloonMetrics>,
-}
-
-impl std::fmt::Debug for Balloon {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Balloon")
-            .field("target_pages", &self.target_pages)
-            .field("actual_pages", &self.actual_pages)
-            .finish()
-    }
 }
 
 impl Balloon {

@@ -99,6 +99,7 @@ struct Pending {
     generation: u64,
 }
 
+#[derive(Debug)]
 pub struct Block {
     id: String,
     disk: File,
@@ -159,15 +160,6 @@ fn count_done(m: &BlockMetrics, kind: RequestType, bytes: u64) {
         }
         RequestType::Flush => m.flush_count.inc(),
         _ => {}
-    }
-}
-
-impl std::fmt::Debug for Block {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Block")
-            .field("id", &self.id)
-            .field("capacity", &self.capacity)
-            .finish()
     }
 }
 

@@ -70,20 +70,13 @@ fn class(device_type: u32) -> u32 {
     }
 }
 
+#[derive(Debug)]
 pub struct PciTransport {
     state: TransportState,
     irq: Arc<PciInterrupt>,
     config: ConfigSpace,
     /// Where the MSI-X capability sits in configuration space.
     msix_cap: usize,
-}
-
-impl std::fmt::Debug for PciTransport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PciTransport")
-            .field("state", &self.state)
-            .finish()
-    }
 }
 
 impl PciTransport {

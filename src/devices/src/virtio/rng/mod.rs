@@ -26,20 +26,13 @@ pub struct EntropyConfig {
     pub metrics: Arc<EntropyMetrics>,
 }
 
+#[derive(Debug)]
 pub struct Entropy {
     common: VirtioCommon,
     limiter: RateLimiter,
     metrics: Arc<EntropyMetrics>,
     /// Reused for each request's random bytes.
     buf: Vec<u8>,
-}
-
-impl std::fmt::Debug for Entropy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Entropy")
-            .field("active", &self.common.is_active())
-            .finish()
-    }
 }
 
 /// Why a request gets nothing.

@@ -74,6 +74,7 @@ pub struct VsockConfig {
     pub metrics: Arc<VsockMetrics>,
 }
 
+#[derive(Debug)]
 pub struct Vsock {
     cid: u64,
     uds_path: PathBuf,
@@ -100,15 +101,6 @@ pub struct Vsock {
     /// has passed): nothing goes into the RX queue meanwhile, so that a connection the host
     /// opens right after the restore is not reset with the old ones.
     reset_unacked: Option<Instant>,
-}
-
-impl std::fmt::Debug for Vsock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Vsock")
-            .field("cid", &self.cid)
-            .field("conns", &self.conns.len())
-            .finish()
-    }
 }
 
 impl Vsock {
