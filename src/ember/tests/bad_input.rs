@@ -19,13 +19,7 @@ const ARG_PARSING: i32 = 153;
 const BAD_LEVEL: i32 = 152;
 
 fn assert_refused(run: &Run, status: i32) -> String {
-    assert_eq!(
-        run.status,
-        Some(status),
-        "stdout: {}\nstderr: {}",
-        run.stdout,
-        run.stderr
-    );
+    run.assert_status(status);
     assert!(
         !run.stderr.contains("panicked") && !run.stderr.contains("RUST_BACKTRACE"),
         "{}",

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -280,13 +279,7 @@ fn serial_output_to_a_closed_stdout_is_counted_not_logged_per_byte() {
     std::thread::sleep(Duration::from_secs(3));
     let _ = child.kill();
     let _ = child.wait();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stderr = read_all(child.stderr.take());
     let lines = stderr
         .lines()
         .filter(|l| l.contains("console output"))

@@ -27,13 +27,7 @@ fn boot(
         "machine-config": {"vcpu_count": vcpus, "mem_size_mib": mem},
     });
     let run = run_config_within(s, &cfg, linux_deadline());
-    assert_eq!(
-        run.status,
-        Some(0),
-        "stdout:\n{}\nstderr:\n{}",
-        run.stdout,
-        run.stderr
-    );
+    run.assert_status(0);
     assert!(
         run.stdout.contains("EMBER-INIT-OK"),
         "stdout:\n{}\nstderr:\n{}",

@@ -55,13 +55,7 @@ fn a_guest_powering_off_through_acpi_ends_ember_with_status_0() {
     let path = s.file("vm.json", config.to_string().as_bytes());
     // The guest waits forever after the write: only Ember's power-off can end it.
     let run = run_args(&["--no-api", "--config-file", &path, "--level", "Info"]);
-    assert_eq!(
-        run.status,
-        Some(0),
-        "stdout:\n{}\nstderr:\n{}",
-        run.stdout,
-        run.stderr
-    );
+    run.assert_status(0);
     assert_eq!(run.guest_lines().last(), Some(&"acpi power-off"));
     assert!(run.stderr.contains("PowerOff"), "{}", run.stderr);
 }

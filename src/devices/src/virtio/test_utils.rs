@@ -5,6 +5,19 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::GuestMemory;
 
+/// A limiter of `size` requests each `refill_ms` milliseconds, no bandwidth limit.
+pub fn ops_limiter(size: u64, refill_ms: u64) -> crate::rate_limiter::RateLimiterConfig {
+    let ops = crate::rate_limiter::TokenBucketConfig {
+        size,
+        one_time_burst: None,
+        refill_time: refill_ms,
+    };
+    crate::rate_limiter::RateLimiterConfig {
+        bandwidth: None,
+        ops: Some(ops),
+    }
+}
+
 /// The (head, length) elements of `mq`'s used ring, in order.
 pub fn used(mem: &GuestMemory, mq: &MockSplitQueue<GuestMemory>) -> Vec<(u32, u32)> {
     let used_idx: u16 = mem.read_obj(GuestAddress(mq.used_addr().0 + 2)).unwrap();

@@ -27,6 +27,15 @@ pub fn skip(test: &str, reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }
 
+/// Everything a child's piped output has left to read (empty if it was not piped).
+pub fn read_all(pipe: Option<impl Read>) -> String {
+    let mut text = String::new();
+    if let Some(mut pipe) = pipe {
+        pipe.read_to_string(&mut text).unwrap();
+    }
+    text
+}
+
 /// The running test's name: libtest runs each test on a thread named after it.
 pub fn test_name() -> String {
     let thread = std::thread::current();
@@ -143,6 +152,17 @@ pub struct Run {
 }
 
 impl Run {
+    /// Fails the test, showing what ember printed, unless it exited with `status`.
+    pub fn assert_status(&self, status: i32) {
+        assert_eq!(
+            self.status,
+            Some(status),
+            "stdout:\n{}\nstderr:\n{}",
+            self.stdout,
+            self.stderr
+        );
+    }
+
     /// The guest's report lines, without the "guest: " prefix.
     pub fn guest_lines(&self) -> Vec<&str> {
         self.stdout
@@ -249,20 +269,8 @@ pub fn finish(mut child: Child, started: Instant, deadline: Duration) -> Run {
         let _ = child.kill();
         let _ = child.wait();
     }
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let stdout = read_all(child.stdout.take());
+    let stderr = read_all(child.stderr.take());
     Run {
         status: status.and_then(|s| s.code()),
         stdout,

@@ -16,8 +16,8 @@ use vmm_sys_util::eventfd::EventFd;
 use telemetry::BlockMetrics;
 
 use super::{Block, BlockConfig, CacheType, IoEngine, Request, RequestError, RequestType};
-use crate::rate_limiter::{BucketUpdate, RateLimiterConfig, TokenBucketConfig};
-use crate::virtio::test_utils::used;
+use crate::rate_limiter::{BucketUpdate, RateLimiterConfig};
+use crate::virtio::test_utils::{ops_limiter, used};
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const NEXT: u16 = 1;
@@ -402,15 +402,7 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
     let mem = memory();
     let metrics = Arc::new(BlockMetrics::default());
     // Two requests at once, then one every 50 ms.
-    let ops = TokenBucketConfig {
-        size: 2,
-        one_time_burst: None,
-        refill_time: 100,
-    };
-    let limiter = RateLimiterConfig {
-        bandwidth: None,
-        ops: Some(ops),
-    };
+    let limiter = ops_limiter(2, 100);
     let mut dev = limited_block(&disk, false, limiter, metrics.clone());
     // Five reads, request r of sector r, each with its own buffer and status byte.
     let mq = MockSplitQueue::create(&mem, GuestAddress(0), 16);

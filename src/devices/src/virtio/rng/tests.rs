@@ -12,8 +12,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{Entropy, EntropyConfig, MAX_REQUEST};
-use crate::rate_limiter::{RateLimiterConfig, TokenBucketConfig};
-use crate::virtio::test_utils::used;
+use crate::rate_limiter::RateLimiterConfig;
+use crate::virtio::test_utils::{ops_limiter, used};
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const NEXT: u16 = 1;
@@ -112,15 +112,7 @@ fn the_rate_limiter_holds_requests_in_the_ring_until_its_timer() {
     let mem = memory();
     let descs: Vec<RawDescriptor> = (0..4).map(|i| desc(BUF + 64 * i, 64, WRITE, 0)).collect();
     // Two requests a 100 ms.
-    let ops = TokenBucketConfig {
-        size: 2,
-        one_time_burst: None,
-        refill_time: 100,
-    };
-    let limiter = RateLimiterConfig {
-        bandwidth: None,
-        ops: Some(ops),
-    };
+    let limiter = ops_limiter(2, 100);
     let (mut dev, mq, metrics) = rig(&mem, &descs, &[0, 1, 2, 3], limiter);
     dev.process_queue();
     assert_eq!(used(&mem, &mq).len(), 2, "the bucket holds two requests");
