@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use devices::virtio::balloon::{Balloon, HintingError};
+use devices::virtio::block::Block;
+use devices::virtio::net::Net;
 use event_manager::{EventManager, SubscriberOps};
 use telemetry::Span;
 
@@ -225,7 +227,7 @@ impl Controller {
         patch.validate()?;
         let vm = self.running()?;
         let block = vm
-            .block(&patch.drive_id)
+            .device::<Block>(&patch.drive_id)
             .ok_or_else(|| ConfigError::NoSuchDrive(patch.drive_id.clone()))?;
         let mut block = devices::bus::lock(block);
         if let Some(path) = &patch.path_on_host {
@@ -248,7 +250,9 @@ impl Controller {
     /// `BlockDeviceRescan`: the guest is told the drive's current size.
     fn rescan_drive(&mut self, id: String) -> ActionResult {
         let vm = self.running()?;
-        let block = vm.block(&id).ok_or(ConfigError::NoSuchDrive(id.clone()))?;
+        let block = vm
+            .device::<Block>(&id)
+            .ok_or(ConfigError::NoSuchDrive(id.clone()))?;
         devices::bus::lock(block)
             .rescan()
             .map_err(|e| ActionError::DriveUpdate {
@@ -266,7 +270,7 @@ impl Controller {
         patch.validate()?;
         let vm = self.running()?;
         let net = vm
-            .net(&patch.iface_id)
+            .device::<Net>(&patch.iface_id)
             .ok_or_else(|| ConfigError::NoSuchIface(patch.iface_id.clone()))?;
         let updates = |l: &Option<RateLimiterConfig>| l.as_ref().map(RateLimiterConfig::updates);
         devices::bus::lock(net).update_limiters(
@@ -481,7 +485,7 @@ impl Controller {
     /// `PATCH /balloon`: the new target is recorded, and given to the running balloon.
     fn patch_balloon(&mut self, update: BalloonUpdate) -> ActionResult {
         self.resources.patch_balloon(update)?;
-        if let Some(balloon) = self.vm.as_ref().and_then(|vm| vm.balloon()) {
+        if let Some(balloon) = self.vm.as_ref().and_then(|vm| vm.only::<Balloon>()) {
             devices::bus::lock(balloon).set_target_mib(update.amount_mib);
         }
         Ok(VmmData::Empty)
@@ -491,7 +495,7 @@ impl Controller {
     fn patch_balloon_stats(&mut self, update: BalloonStatsUpdate) -> ActionResult {
         let booted = self.vm.is_some();
         self.resources.patch_balloon_stats(update, booted)?;
-        if let Some(balloon) = self.vm.as_ref().and_then(|vm| vm.balloon()) {
+        if let Some(balloon) = self.vm.as_ref().and_then(|vm| vm.only::<Balloon>()) {
             devices::bus::lock(balloon).set_stats_interval(update.stats_polling_interval_s);
         }
         Ok(VmmData::Empty)
@@ -504,7 +508,7 @@ impl Controller {
             return Err(ConfigError::BalloonStatsDisabled.into());
         }
         let vm = self.running()?;
-        let balloon = vm.balloon().ok_or(ConfigError::NoBalloon)?;
+        let balloon = vm.only::<Balloon>().ok_or(ConfigError::NoBalloon)?;
         let stats = devices::bus::lock(balloon).stats();
         Ok(VmmData::BalloonStats(stats))
     }
@@ -515,7 +519,7 @@ impl Controller {
         op: impl FnOnce(&mut Balloon) -> Result<VmmData, HintingError>,
     ) -> ActionResult {
         let vm = self.running()?;
-        let balloon = vm.balloon().ok_or(ConfigError::NoBalloon)?;
+        let balloon = vm.only::<Balloon>().ok_or(ConfigError::NoBalloon)?;
         let answer = op(&mut devices::bus::lock(balloon))?;
         Ok(answer)
     }

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use devices::legacy::I8042;
 use devices::virtio::balloon::Balloon;
 use devices::virtio::block::Block;
-use devices::virtio::net::Net;
 use event_manager::{EventManager, SubscriberOps};
 
 pub use crate::device_set::Devices;
@@ -117,18 +116,16 @@ impl MicroVm {
         Ok(())
     }
 
-    pub fn balloon(&self) -> Option<&Mutex<Balloon>> {
+    /// The virtio device of type `D` with this ID (a drive's or an interface's), for the
+    /// API's changes after boot.
+    pub fn device<D: 'static>(&self, id: &str) -> Option<&Mutex<D>> {
+        self.devices.get(id)
+    }
+
+    /// The virtio device of type `D`, for a kind of which there is at most one (the
+    /// balloon).
+    pub fn only<D: 'static>(&self) -> Option<&Mutex<D>> {
         self.devices.all().next()
-    }
-
-    /// The block device of drive `id`.
-    pub fn block(&self, id: &str) -> Option<&Mutex<Block>> {
-        self.devices.get(id)
-    }
-
-    /// The net device of interface `id`.
-    pub fn net(&self, id: &str) -> Option<&Mutex<Net>> {
-        self.devices.get(id)
     }
 
     pub fn is_paused(&self) -> bool {
@@ -187,9 +184,11 @@ impl MicroVm {
                         .map(|t| devices::bus::lock(t).snapshot()),
                 )
                 .collect(),
-            balloon_actual_pages: self.balloon().map(|b| devices::bus::lock(b).actual_pages()),
+            balloon_actual_pages: self
+                .only::<Balloon>()
+                .map(|b| devices::bus::lock(b).actual_pages()),
             balloon_hinting: self
-                .balloon()
+                .only::<Balloon>()
                 .and_then(|b| devices::bus::lock(b).hinting_state()),
         };
         let memory = match params.snapshot_type {
