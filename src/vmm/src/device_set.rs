@@ -37,6 +37,11 @@ impl Devices {
             .find_map(|(_, device)| device.downcast_ref())
     }
 
+    /// The device of type `D`, for a kind of which there is at most one (the balloon).
+    pub fn only<D: 'static>(&self) -> Option<&Mutex<D>> {
+        self.all().next()
+    }
+
     /// Every device of type `D`, in attach order.
     pub fn all<D: 'static>(&self) -> impl Iterator<Item = &Mutex<D>> {
         self.virtio.iter().filter_map(|(_, d)| d.downcast_ref())
@@ -59,5 +64,7 @@ mod tests {
         assert!(set.get::<u32>("c").is_none());
         let all: Vec<u32> = set.all::<u32>().map(|d| *d.lock().unwrap()).collect();
         assert_eq!(all, [1, 2]);
+        assert_eq!(*set.only::<&str>().unwrap().lock().unwrap(), "text");
+        assert!(set.only::<u64>().is_none());
     }
 }

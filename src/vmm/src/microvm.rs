@@ -125,7 +125,7 @@ impl MicroVm {
     /// The virtio device of type `D`, for a kind of which there is at most one (the
     /// balloon).
     pub fn only<D: 'static>(&self) -> Option<&Mutex<D>> {
-        self.devices.all().next()
+        self.devices.only()
     }
 
     pub fn is_paused(&self) -> bool {
@@ -168,6 +168,14 @@ impl MicroVm {
         let vcpus = control::save_all(&self.handles).map_err(SnapshotError::Vcpu)?;
         let vm = crate::snapshot::state::save_vm(self.vm.fd())?;
         let d = &self.devices;
+        // The balloon's lock is let go before the transports below lock their devices.
+        let (balloon_actual_pages, balloon_hinting) = match d.only::<Balloon>() {
+            Some(b) => {
+                let b = devices::bus::lock(b);
+                (Some(b.actual_pages()), b.hinting_state())
+            }
+            None => (None, None),
+        };
         let devices = DeviceStates {
             serial: d
                 .serial
@@ -184,12 +192,8 @@ impl MicroVm {
                         .map(|t| devices::bus::lock(t).snapshot()),
                 )
                 .collect(),
-            balloon_actual_pages: self
-                .only::<Balloon>()
-                .map(|b| devices::bus::lock(b).actual_pages()),
-            balloon_hinting: self
-                .only::<Balloon>()
-                .and_then(|b| devices::bus::lock(b).hinting_state()),
+            balloon_actual_pages,
+            balloon_hinting,
         };
         let memory = match params.snapshot_type {
             SnapshotType::Full => {

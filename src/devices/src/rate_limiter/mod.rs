@@ -200,23 +200,25 @@ impl AsRawFd for RateLimiter {
     }
 }
 
+/// For tests: a bucket of `size` tokens refilled in `refill_ms`, without a one-time burst.
+#[cfg(test)]
+pub(crate) fn bucket(size: u64, refill_ms: u64) -> Option<TokenBucketConfig> {
+    Some(TokenBucketConfig {
+        size,
+        one_time_burst: None,
+        refill_time: refill_ms,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn spec(size: u64, refill_ms: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: None,
-            refill_time: refill_ms,
-        })
-    }
-
     #[test]
     fn both_buckets_give_or_neither_does() {
         let mut rl = RateLimiter::new(RateLimiterConfig {
-            bandwidth: spec(1000, 100_000),
-            ops: spec(2, 100_000),
+            bandwidth: bucket(1000, 100_000),
+            ops: bucket(2, 100_000),
         })
         .unwrap();
         assert!(rl.consume(400, 1));
@@ -235,7 +237,7 @@ mod tests {
     fn a_throttled_limiter_fires_its_timer_when_tokens_are_back() {
         // 1000 bytes per 100 ms: 100 bytes take 10 ms.
         let mut rl = RateLimiter::new(RateLimiterConfig {
-            bandwidth: spec(1000, 100),
+            bandwidth: bucket(1000, 100),
             ops: None,
         })
         .unwrap();
@@ -253,14 +255,6 @@ mod tests {
         let mut rl = RateLimiter::new(RateLimiterConfig::default()).unwrap();
         assert!(!rl.is_limiting());
         assert!(rl.consume(u64::MAX, u64::MAX));
-    }
-
-    fn bucket(size: u64, refill_time: u64) -> Option<TokenBucketConfig> {
-        Some(TokenBucketConfig {
-            size,
-            one_time_burst: None,
-            refill_time,
-        })
     }
 
     #[test]

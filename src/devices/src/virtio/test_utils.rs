@@ -7,14 +7,9 @@ use super::GuestMemory;
 
 /// A limiter of `size` requests each `refill_ms` milliseconds, no bandwidth limit.
 pub fn ops_limiter(size: u64, refill_ms: u64) -> crate::rate_limiter::RateLimiterConfig {
-    let ops = crate::rate_limiter::TokenBucketConfig {
-        size,
-        one_time_burst: None,
-        refill_time: refill_ms,
-    };
     crate::rate_limiter::RateLimiterConfig {
         bandwidth: None,
-        ops: Some(ops),
+        ops: crate::rate_limiter::bucket(size, refill_ms),
     }
 }
 

@@ -215,7 +215,7 @@ fn rebuild(ctx: &Context, state: &MicrovmState) -> Result<Parts, BuildError> {
             None,
         )?)
     })?;
-    if let Some(balloon) = attached.devices.all::<Balloon>().next() {
+    if let Some(balloon) = attached.devices.only::<Balloon>() {
         let mut balloon = devices::bus::lock(balloon);
         if let Some(pages) = state.devices.balloon_actual_pages {
             balloon.restore_actual_pages(pages);

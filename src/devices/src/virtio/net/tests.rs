@@ -15,7 +15,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{MmdsLink, Net, NetConfig};
-use crate::rate_limiter::{BucketUpdate, RateLimiterConfig, TokenBucketConfig};
+use crate::rate_limiter::{bucket, BucketUpdate, RateLimiterConfig};
 use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
 
 const NEXT: u16 = 1;
@@ -335,16 +335,8 @@ fn a_throttled_tx_queue_sends_each_frame_once_when_tokens_come_back() {
     let metrics = Arc::new(telemetry::NetMetrics::default());
     // Two frames at once, then one every 50 ms; and 1 MB of bandwidth that never binds.
     let limiter = RateLimiterConfig {
-        bandwidth: Some(TokenBucketConfig {
-            size: 1 << 20,
-            one_time_burst: None,
-            refill_time: 1000,
-        }),
-        ops: Some(TokenBucketConfig {
-            size: 2,
-            one_time_burst: None,
-            refill_time: 100,
-        }),
+        bandwidth: bucket(1 << 20, 1000),
+        ops: bucket(2, 100),
     };
     let mut rig = Rig::limited(None, limiter, metrics.clone());
     let before = ns.frames_from_ember();
