@@ -18,15 +18,15 @@ use vmm::{Console, Controller, ExitSignal, VmExit};
 
 #[derive(Debug, thiserror::Error)]
 enum StartError {
-    #[error("{0}")]
+    #[error(transparent)]
     Cli(#[from] cli::Error),
     #[error("cannot open the log file: {0}")]
     Log(#[source] std::io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Action(#[from] ActionError),
     #[error("--no-api needs --config-file PATH")]
     NoConfigFile,
-    #[error("{0}")]
+    #[error(transparent)]
     Api(#[from] api::server::Error),
     #[error("cannot start the API thread: {0}")]
     ApiThread(#[source] std::io::Error),
@@ -35,7 +35,7 @@ enum StartError {
         path: String,
         source: hostfile::Error,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("cannot start the microVM: {0}")]
     Start(#[source] vmm::rpc::StartError),
@@ -52,7 +52,7 @@ enum StartError {
     Signals(#[source] std::io::Error),
     #[error("cannot copy the standard streams: {0}")]
     Stdio(#[source] std::io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Seccomp(#[from] seccomp::Error),
 }
 

@@ -13,9 +13,7 @@ use serde_json::{json, Value};
 
 #[test]
 fn network_interfaces_and_the_mmds_through_the_api() {
-    let Some(ns) = NetNs::new_or_skip("network_interfaces_and_the_mmds_through_the_api") else {
-        return;
-    };
+    let ns = or_skip!(NetNs::new_or_skip);
     ns.add_tap("tap0", None, 1500);
     ns.add_tap("tap1", None, 1500);
     let s = Scratch::new("api-net");
@@ -154,10 +152,7 @@ fn a_config_file_with_an_interface_that_does_not_exist_is_refused() {
 
 #[test]
 fn every_get_answers_with_the_keys_of_firecrackers_api_file() {
-    let Some(ns) = NetNs::new_or_skip("every_get_answers_with_the_keys_of_firecrackers_api_file")
-    else {
-        return;
-    };
+    let ns = or_skip!(NetNs::new_or_skip);
     ns.add_tap("tap0", None, 1500);
     let s = Scratch::new("api-shapes");
     let shapes = Shapes::load();

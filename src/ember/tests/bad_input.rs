@@ -75,37 +75,18 @@ fn kernel_problems() {
 fn machine_limits() {
     let s = Scratch::new("machine");
     let k = test_guest::PVH_ELF;
-    let e = refused(
-        &s,
-        &vm(
-            k,
-            &json!({"machine-config": {"vcpu_count": 1, "mem_size_mib": 0}}),
-        ),
-    );
-    assert_eq!(e, "ember: mem_size_mib must be at least 1");
-    let e = refused(
-        &s,
-        &vm(
-            k,
-            &json!({"machine-config": {"vcpu_count": 0, "mem_size_mib": 128}}),
-        ),
-    );
-    assert_eq!(e, "ember: vcpu_count must be between 1 and 32, not 0");
-    let e = refused(
-        &s,
-        &vm(
-            k,
-            &json!({"machine-config": {"vcpu_count": 33, "mem_size_mib": 128}}),
-        ),
-    );
-    assert_eq!(e, "ember: vcpu_count must be between 1 and 32, not 33");
-    let e = refused(
-        &s,
-        &vm(
-            k,
-            &json!({"machine-config": {"vcpu_count": 300, "mem_size_mib": 128}}),
-        ),
-    );
+    let refused_machine = |vcpus: u32, mib: u32| {
+        let machine = json!({"machine-config": {"vcpu_count": vcpus, "mem_size_mib": mib}});
+        refused(&s, &vm(k, &machine))
+    };
+    for (vcpus, mib, sentence) in [
+        (1, 0, "mem_size_mib must be at least 1"),
+        (0, 128, "vcpu_count must be between 1 and 32, not 0"),
+        (33, 128, "vcpu_count must be between 1 and 32, not 33"),
+    ] {
+        assert_eq!(refused_machine(vcpus, mib), format!("ember: {sentence}"));
+    }
+    let e = refused_machine(300, 128);
     assert!(
         e.contains("machine-config.vcpu_count") && e.contains("300"),
         "{e}"

@@ -543,10 +543,7 @@ fn a_jail_left_by_a_killed_run_is_diagnosed_clearly() {
 #[test]
 fn linux_in_a_jail_with_netns_talks_to_its_tap_inside_that_namespace() {
     let img = linux_images!();
-    let test = &test_name();
-    let Some(ns) = NetNs::new_or_skip(test) else {
-        return;
-    };
+    let ns = or_skip!(NetNs::new_or_skip);
     ns.add_tap_owned("tap0", Some("10.60.1.1/24"), 1500, Some(ID));
     let jail = JailFixture::new("jail-net");
     let netns = format!("/var/run/netns/{}", ns.name);

@@ -25,9 +25,7 @@ fn setup(test: &str, mem_mib: u32, template: bool) -> Option<(Scratch, Container
 
 #[test]
 fn linux_containerd_runs_containers_in_ember_vms() {
-    let Some((_s, c)) = setup("linux_containerd_runs_containers_in_ember_vms", 256, false) else {
-        return;
-    };
+    let (_s, c) = or_skip!(setup, 256, false);
     // Output, and exit statuses as the container's process gave them.
     let out = c.run("hello", &[], &["echo", "hello"]);
     assert_eq!(text(&out.stdout), "hello\n", "{}", text(&out.stderr));
@@ -126,13 +124,7 @@ fn linux_containerd_runs_containers_in_ember_vms() {
 
 #[test]
 fn linux_containerd_sandboxes_hold_pods_and_limits() {
-    let Some((_s, c)) = setup(
-        "linux_containerd_sandboxes_hold_pods_and_limits",
-        256,
-        false,
-    ) else {
-        return;
-    };
+    let (_s, c) = or_skip!(setup, 256, false);
     // A memory limit in the spec sizes the VM (limit + the guest's overhead) and is the
     // container's cgroup limit in the guest.
     // (Privileged, to mount the guest's cgroup hierarchy: ctr's spec gives no cgroup
@@ -225,10 +217,7 @@ fn linux_containerd_sandboxes_hold_pods_and_limits() {
 
 #[test]
 fn linux_containerd_starts_ten_sandboxes_at_once_from_one_template() {
-    let test = "linux_containerd_starts_ten_sandboxes_at_once_from_one_template";
-    let Some((_s, c)) = setup(test, 128, true) else {
-        return;
-    };
+    let (_s, c) = or_skip!(setup, 128, true);
     let c = std::sync::Arc::new(c);
     let runs: Vec<_> = (0..10)
         .map(|i| {
@@ -266,13 +255,7 @@ fn linux_containerd_starts_ten_sandboxes_at_once_from_one_template() {
 
 #[test]
 fn linux_containerd_reports_failures_and_leaks_nothing() {
-    let Some((_s, c)) = setup(
-        "linux_containerd_reports_failures_and_leaks_nothing",
-        256,
-        false,
-    ) else {
-        return;
-    };
+    let (_s, c) = or_skip!(setup, 256, false);
     // A bundle the guest cannot run: the error reaches ctr.
     let out = c.run("badprog", &[], &["/no/such/program"]);
     assert!(!out.status.success());
@@ -359,13 +342,11 @@ fn linux_containerd_reports_failures_and_leaks_nothing() {
 /// restored from the template (two pods restored from one template, each with its own).
 #[test]
 fn linux_containerd_gives_a_sandbox_its_cni_network() {
-    let test = "linux_containerd_gives_a_sandbox_its_cni_network";
+    let test = &test_name();
     if !std::path::Path::new("/usr/lib/cni/bridge").exists() {
         return skip(test, "containernetworking-plugins is not installed");
     }
-    let Some((s, c)) = setup(test, 256, false) else {
-        return;
-    };
+    let (s, c) = or_skip!(setup, 256, false);
     let (Some(host), Some(pod)) = (
         common::netns::NetNs::new_or_skip(test),
         common::netns::NetNs::new_or_skip(test),

@@ -28,10 +28,7 @@ fn linux_free_page_reporting_gives_memory_the_guest_freed_back_to_the_host() {
 #[test]
 fn linux_free_page_reporting_on_huge_pages_gives_whole_huge_pages_back() {
     let img = linux_images!();
-    let test = &test_name();
-    let Some(pool) = huge_pages::huge_pages_or_skip(test, 128) else {
-        return;
-    };
+    let pool = or_skip!(huge_pages::huge_pages_or_skip, 128);
     reporting_gives_back(&img, Some(&pool));
 }
 

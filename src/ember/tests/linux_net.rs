@@ -27,12 +27,6 @@ fn mtu() -> u32 {
     }
 }
 
-/// The Linux images and a fresh namespace, or None after printing why not.
-fn linux_and_netns_or_skip(test: &str) -> Option<(Images, NetNs)> {
-    let img = linux_or_skip(test)?;
-    Some((img, NetNs::new_or_skip(test)?))
-}
-
 fn start_linux(
     ns: &NetNs,
     s: &Scratch,
@@ -64,11 +58,8 @@ fn agent_field(lines: &[String], prefix: &str, key: &str) -> String {
 
 #[test]
 fn linux_pings_and_moves_100_mib_each_way_on_two_interfaces() {
-    let Some((img, ns)) =
-        linux_and_netns_or_skip("linux_pings_and_moves_100_mib_each_way_on_two_interfaces")
-    else {
-        return;
-    };
+    let img = linux_images!();
+    let ns = or_skip!(NetNs::new_or_skip);
     let mtu = mtu();
     ns.add_tap("tap0", Some("10.50.1.1/24"), mtu);
     ns.add_tap("tap1", Some("10.50.2.1/24"), mtu);
@@ -189,11 +180,8 @@ fn watch_tap(
 
 #[test]
 fn linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap() {
-    let Some((img, ns)) =
-        linux_and_netns_or_skip("linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap")
-    else {
-        return;
-    };
+    let img = linux_images!();
+    let ns = or_skip!(NetNs::new_or_skip);
     ns.add_tap("tap0", Some("10.51.0.1/24"), mtu());
     let stop = Arc::new(AtomicBool::new(false));
     let mac = [0x06, 0, 0x0a, 0x33, 0, 2];
@@ -273,11 +261,8 @@ fn linux_reads_the_mmds_v2_with_tokens_and_never_through_the_tap() {
 
 #[test]
 fn linux_hostile_traffic_to_the_mmds_leaves_it_answering() {
-    let Some((img, ns)) =
-        linux_and_netns_or_skip("linux_hostile_traffic_to_the_mmds_leaves_it_answering")
-    else {
-        return;
-    };
+    let img = linux_images!();
+    let ns = or_skip!(NetNs::new_or_skip);
     ns.add_tap("tap0", Some("10.52.0.1/24"), mtu());
     const AGENT: &str = "ember-agent";
     const IP: &str = "169.254.169.254";

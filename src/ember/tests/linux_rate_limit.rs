@@ -207,10 +207,7 @@ const NET_TX2: u64 = 384 * KIB;
 #[test]
 fn linux_network_limits_give_the_configured_tcp_rates_both_ways() {
     let img = linux_images!();
-    let test = &test_name();
-    let Some(ns) = NetNs::new_or_skip(test) else {
-        return;
-    };
+    let ns = or_skip!(NetNs::new_or_skip);
     ns.add_tap("tap0", Some("10.60.0.1/24"), mtu());
     let s = Scratch::new("linux-net-limits");
     let metrics = s.path("metrics.json");

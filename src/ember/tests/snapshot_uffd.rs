@@ -74,13 +74,8 @@ fn a_guest_restored_through_a_page_fault_handler_counts_on() {
 
 #[test]
 fn a_guest_on_huge_pages_restores_through_a_page_fault_handler_only() {
-    let test = "a_guest_on_huge_pages_restores_through_a_page_fault_handler_only";
-    if !kvm_or_skip(test) {
-        return;
-    }
-    let Some(_pool) = huge_pages::huge_pages_or_skip(test, 64) else {
-        return;
-    };
+    require_kvm!();
+    let _pool = or_skip!(huge_pages::huge_pages_or_skip, 64);
     let s = Scratch::new("snapshot-uffd-huge");
     let machine = json!({"vcpu_count": 1, "mem_size_mib": 128, "huge_pages": "2M"});
     let Snapshotted {

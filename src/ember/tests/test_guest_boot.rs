@@ -318,13 +318,8 @@ fn static_cpu_templates_are_checked_against_the_host_cpu() {
 
 #[test]
 fn a_guest_on_huge_pages_runs_on_2_mib_pages_reserved_at_its_start() {
-    let test = "a_guest_on_huge_pages_runs_on_2_mib_pages_reserved_at_its_start";
-    if !kvm_or_skip(test) {
-        return;
-    }
-    let Some(pool) = huge_pages::huge_pages_or_skip(test, 64) else {
-        return;
-    };
+    require_kvm!();
+    let pool = or_skip!(huge_pages::huge_pages_or_skip, 64);
     let boot =
         json!({"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 ticks"});
     let s = Scratch::new("huge-pages");

@@ -25,6 +25,13 @@ fn with_engine(engine: &str, drives: &[serde_json::Value]) -> serde_json::Value 
     cfg
 }
 
+/// Boots the test guest with `drives` on `engine`, to its clean exit.
+fn boot_on(s: &Scratch, engine: &str, drives: &[serde_json::Value]) -> Run {
+    let run = run_config(s, &with_engine(engine, drives));
+    run.assert_clean_exit();
+    run
+}
+
 fn config(drives: &[serde_json::Value]) -> serde_json::Value {
     json!({
         "boot-source": {"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 nosmp"},
@@ -41,17 +48,14 @@ fn a_write_to_a_data_disk_lands_in_its_image_byte_for_byte() {
         let root_bytes = noise(1 << 20, 11);
         let root = s.file("root.img", &root_bytes);
         let data = s.file("data.img", &vec![0u8; 512 << 10]);
-        let run = run_config(
+        let run = boot_on(
             &s,
-            &with_engine(
-                engine,
-                &[
-                    drive("data", &data, false, false),
-                    drive("rootfs", &root, true, false),
-                ],
-            ),
+            engine,
+            &[
+                drive("data", &data, false, false),
+                drive("rootfs", &root, true, false),
+            ],
         );
-        run.assert_clean_exit();
         // The root drive is first, whatever the order in the file.
         assert!(
             run.line("blk0 id=")
@@ -91,17 +95,14 @@ fn a_read_only_drive_refuses_writes_and_its_image_is_unchanged() {
         let root = s.file("root.img", &noise(64 << 10, 3));
         let ro_bytes = noise(64 << 10, 5);
         let ro = s.file("ro.img", &ro_bytes);
-        let run = run_config(
+        let run = boot_on(
             &s,
-            &with_engine(
-                engine,
-                &[
-                    drive("rootfs", &root, true, true),
-                    drive("golden", &ro, false, true),
-                ],
-            ),
+            engine,
+            &[
+                drive("rootfs", &root, true, true),
+                drive("golden", &ro, false, true),
+            ],
         );
-        run.assert_clean_exit();
         assert_eq!(run.value("blk1 id=", "ro"), "1", "VIRTIO_BLK_F_RO offered");
         assert_eq!(run.value("blk1 write", "status"), "1", "VIRTIO_BLK_S_IOERR");
         assert_eq!(run.value("blk1 readback", "match"), "0");
@@ -154,17 +155,14 @@ fn bad_requests_from_the_guest_get_device_errors_and_leave_the_disk_alone() {
         let root = s.file("root.img", &noise(64 << 10, 9));
         let data_bytes = noise(64 << 10, 10);
         let data = s.file("data.img", &data_bytes);
-        let run = run_config(
+        let run = boot_on(
             &s,
-            &with_engine(
-                engine,
-                &[
-                    drive("rootfs", &root, true, false),
-                    drive("data", &data, false, false),
-                ],
-            ),
+            engine,
+            &[
+                drive("rootfs", &root, true, false),
+                drive("data", &data, false, false),
+            ],
         );
-        run.assert_clean_exit();
         for disk in ["blk0", "blk1"] {
             assert_eq!(
                 run.value(&format!("{disk} pastend"), "status"),

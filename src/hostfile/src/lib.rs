@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Why a file cannot be used; callers name the file ("cannot read the kernel image PATH: ...").
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("it is {kind}, not {expected}")]
     Kind {

@@ -21,11 +21,11 @@ use undo::Undo;
 
 #[derive(Debug, thiserror::Error)]
 enum Error {
-    #[error("{0}")]
+    #[error(transparent)]
     Args(#[from] args::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Jail(#[from] jail::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Cgroup(#[from] cgroup::Error),
     #[error("cannot close the inherited file descriptors: {0}")]
     CloseFds(#[source] std::io::Error),

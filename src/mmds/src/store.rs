@@ -40,7 +40,7 @@ pub enum StoreError {
     NotFound,
     #[error("Cannot retrieve value. The value has an unsupported type.")]
     UnsupportedType,
-    #[error("{0}")]
+    #[error(transparent)]
     Token(#[from] TokenError),
 }
 

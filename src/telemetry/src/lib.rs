@@ -13,8 +13,8 @@ pub mod time;
 pub use counter::{Counter, MaxGauge};
 pub use latency::{LatencyMetrics, Span, Timed};
 pub use metrics::{
-    ApiMetrics, BalloonMetrics, BlockMetrics, EntropyMetrics, Metrics, NetMetrics, VcpuMetrics,
-    VsockMetrics,
+    ApiMetrics, BalloonMetrics, BlockMetrics, DeviceMetrics, EntropyMetrics, Metrics, NetMetrics,
+    VcpuMetrics, VsockMetrics,
 };
 pub use sink::LineSink;
 pub use sparse::Sparse;

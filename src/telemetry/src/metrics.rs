@@ -32,10 +32,29 @@ macro_rules! counters {
     };
 }
 
-counters!(
+/// Declares the counters of a virtio device: `activate_fails` first, which every device has
+/// and [`DeviceMetrics`] hands to the device layer, then the device's own.
+macro_rules! device_counters {
+    ($(#[$meta:meta])* $name:ident { $($field:ident),* $(,)? }) => {
+        counters!($(#[$meta])* $name { activate_fails, $($field),* });
+
+        impl DeviceMetrics for $name {
+            fn activate_fails(&self) -> &Counter {
+                &self.activate_fails
+            }
+        }
+    };
+}
+
+/// What the device layer counts for every virtio device, whatever its type.
+pub trait DeviceMetrics: std::fmt::Debug + Send + Sync {
+    /// Activations refused because a queue the driver set up is not valid.
+    fn activate_fails(&self) -> &Counter;
+}
+
+device_counters!(
     /// One virtio-blk device.
     BlockMetrics {
-        activate_fails,
         cfg_fails,
         event_fails,
         execute_fails,
@@ -53,10 +72,9 @@ counters!(
     }
 );
 
-counters!(
+device_counters!(
     /// The entropy device (Firecracker's `entropy` section, and `invalid_reqs_count`).
     EntropyMetrics {
-        activate_fails,
         entropy_event_fails,
         entropy_event_count,
         entropy_bytes,
@@ -67,10 +85,9 @@ counters!(
     }
 );
 
-counters!(
+device_counters!(
     /// The balloon (Firecracker's `balloon` section, and `invalid_reqs_count`).
     BalloonMetrics {
-        activate_fails,
         inflate_count,
         deflate_count,
         stats_updates_count,
@@ -86,10 +103,9 @@ counters!(
     }
 );
 
-counters!(
+device_counters!(
     /// The vsock device (Firecracker's `vsock` section).
     VsockMetrics {
-        activate_fails,
         rx_queue_event_count,
         tx_queue_event_count,
         muxer_event_fails,
@@ -107,10 +123,9 @@ counters!(
     }
 );
 
-counters!(
+device_counters!(
     /// One virtio-net device.
     NetMetrics {
-        activate_fails,
         event_fails,
         no_rx_avail_buffer,
         rx_queue_event_count,

@@ -37,7 +37,7 @@ pub enum Error {
     EventLoop(String),
     #[error("cannot copy an eventfd: {0}")]
     EventFd(#[source] std::io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Metrics(#[from] crate::metrics_writer::Error),
 }
 

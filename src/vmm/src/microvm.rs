@@ -21,7 +21,7 @@ use crate::vm::Vm;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{0}")]
+    #[error(transparent)]
     Vcpu(#[from] vcpu::Error),
     #[error("cannot install the vCPU kick signal handler: {0}")]
     KickHandler(#[source] std::io::Error),

@@ -110,18 +110,18 @@ pub enum VmmData {
 /// Why `InstanceStart` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("{0}")]
+    #[error(transparent)]
     Build(#[from] crate::builder::BuildError),
-    #[error("{0}")]
+    #[error(transparent)]
     Launch(#[from] crate::microvm::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Seccomp(#[from] seccomp::Error),
 }
 
 /// A refused or failed request; the API shows it as `{"fault_message": "<this sentence>"}`.
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("Start microvm error: {0}")]
     Start(#[source] StartError),
@@ -129,9 +129,9 @@ pub enum ActionError {
     NotSupportedPreBoot,
     #[error("The requested operation is not supported after starting the microVM.")]
     NotSupportedPostBoot,
-    #[error("{0}")]
+    #[error(transparent)]
     Hinting(#[from] devices::virtio::balloon::HintingError),
-    #[error("{0}")]
+    #[error(transparent)]
     Mmds(#[from] mmds::StoreError),
     #[error("the microVM could not be paused: {0}")]
     Pause(#[source] crate::microvm::Error),
@@ -142,7 +142,7 @@ pub enum ActionError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Metrics(#[from] crate::metrics_writer::Error),
     #[error("Cannot create the snapshot: {0}")]
     Snapshot(#[from] crate::snapshot::SnapshotError),

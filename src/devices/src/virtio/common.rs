@@ -1,10 +1,11 @@
-//! What every virtio device keeps whatever its type and transport: the features offered and
-//! accepted, the queues' sizes and notification eventfds, and once the driver has started
-//! it, the queues, guest memory and interrupt. A device embeds one [`VirtioCommon`] and the
+//! What every virtio device keeps whatever its type and transport: its type, the features
+//! offered and accepted, the queues' sizes and notification eventfds, its configuration
+//! space, and once the driver has started it, the queues, guest memory and interrupt. A device embeds one [`VirtioCommon`] and the
 //! [`super::VirtioDevice`] trait's provided methods do the rest.
 
 use std::sync::Arc;
 
+use telemetry::DeviceMetrics;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueState, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -72,29 +73,80 @@ impl Active {
 
 #[derive(Debug)]
 pub struct VirtioCommon {
+    /// The virtio device ID (2 for block, ...).
+    device_type: u32,
     avail_features: u64,
     acked_features: u64,
     queue_max_sizes: Vec<u16>,
     queue_events: Vec<EventFd>,
+    /// What the driver reads at the configuration space's offsets (past its end: zeros).
+    config_space: Vec<u8>,
+    /// Changes with the configuration space, so that the driver can tell a torn read.
+    config_generation: u32,
+    metrics: Arc<dyn DeviceMetrics>,
     /// Taken by a device while it works on its queues, and put back.
     pub active: Option<Active>,
 }
 
 impl VirtioCommon {
-    /// A device that offers `avail_features` and has one queue of each size in
-    /// `queue_max_sizes`.
-    pub fn new(avail_features: u64, queue_max_sizes: &[u16]) -> std::io::Result<Self> {
+    /// A device of `device_type` that offers `avail_features`, has one queue of each size
+    /// in `queue_max_sizes` and an empty configuration space, and counts in `metrics`.
+    pub fn new(
+        device_type: u32,
+        avail_features: u64,
+        queue_max_sizes: &[u16],
+        metrics: Arc<dyn DeviceMetrics>,
+    ) -> std::io::Result<Self> {
         let queue_events = queue_max_sizes
             .iter()
             .map(|_| EventFd::new(libc::EFD_NONBLOCK))
             .collect::<std::io::Result<_>>()?;
         Ok(VirtioCommon {
+            device_type,
             avail_features,
             acked_features: 0,
             queue_max_sizes: queue_max_sizes.to_vec(),
             queue_events,
+            config_space: Vec::new(),
+            config_generation: 0,
+            metrics,
             active: None,
         })
+    }
+
+    /// The same device with `space` as its configuration space.
+    pub fn with_config_space(mut self, space: Vec<u8>) -> Self {
+        self.config_space = space;
+        self
+    }
+
+    pub fn device_type(&self) -> u32 {
+        self.device_type
+    }
+
+    pub fn config_space(&self) -> &[u8] {
+        &self.config_space
+    }
+
+    /// The device changed its configuration: see [`VirtioCommon::config_changed`].
+    pub fn set_config_space(&mut self, space: Vec<u8>) {
+        self.config_space = space;
+        self.config_changed();
+    }
+
+    /// The configuration changed (here, or in a device that keeps its own): a new
+    /// generation, and a configuration-change interrupt if a driver is there to take it.
+    pub fn config_changed(&mut self) {
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if let Some(active) = &self.active {
+            if let Err(e) = active.irq.trigger(InterruptKind::Config) {
+                log::debug!("virtio: cannot raise the configuration interrupt: {e}");
+            }
+        }
+    }
+
+    pub fn config_generation(&self) -> u32 {
+        self.config_generation
     }
 
     pub fn avail_features(&self) -> u64 {
@@ -132,7 +184,7 @@ impl VirtioCommon {
     }
 
     /// Takes the driver's queues if there is one per queue size and each lies in guest
-    /// memory.
+    /// memory (a queue that does not is counted in the device's `activate_fails`).
     pub fn activate(
         &mut self,
         mem: GuestMemory,
@@ -147,6 +199,7 @@ impl VirtioCommon {
             });
         }
         if let Some(bad) = queues.iter().position(|q| !q.is_valid(&mem)) {
+            self.metrics.activate_fails().inc();
             return Err(ActivateError::InvalidQueue(bad));
         }
         self.active = Some(Active { mem, queues, irq });

@@ -15,28 +15,29 @@ pub enum ActivateError {
     InvalidQueue(usize),
 }
 
-/// A virtio device type. Each embeds a [`VirtioCommon`] (features, queues, activation) and
-/// implements only what is its own: its type, its configuration space, and what it does
-/// when the driver starts, resets or a snapshot restores it. The transport (virtio-mmio)
+/// A virtio device type. Each embeds a [`VirtioCommon`] (type, features, queues,
+/// configuration space, activation) and implements only what is its own: what it does when
+/// the driver starts, resets or a snapshot restores it, and a configuration space it keeps
+/// itself. The transport (virtio-mmio)
 /// drives the device through this trait and knows nothing else of it.
 pub trait VirtioDevice: Send {
     fn common(&self) -> &VirtioCommon;
     fn common_mut(&mut self) -> &mut VirtioCommon;
     /// The virtio device ID (2 for block, ...).
-    fn device_type(&self) -> u32;
+    fn device_type(&self) -> u32 {
+        self.common().device_type()
+    }
     /// Reads the device configuration space; bytes past its end read as zero.
-    fn read_config(&self, offset: u64, data: &mut [u8]);
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(self.common().config_space(), offset, data);
+    }
     /// Changes each time the device changes its configuration space, so that the driver can
     /// tell a torn read of a multi-byte field.
     fn config_generation(&self) -> u32 {
-        0
+        self.common().config_generation()
     }
     /// Writes the configuration space; most devices ignore it.
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
-    /// The device's count of activations refused for an invalid queue.
-    fn activate_fails(&self) -> Option<&telemetry::Counter> {
-        None
-    }
     /// The driver's queues are in place (on a vCPU thread): by default, the VMM thread is
     /// asked to serve whatever every queue already holds.
     fn activated(&mut self) {
@@ -71,13 +72,7 @@ pub trait VirtioDevice: Send {
         queues: Vec<Queue>,
         irq: Arc<dyn Interrupt>,
     ) -> Result<(), ActivateError> {
-        let result = self.common_mut().activate(mem, queues, irq);
-        if matches!(result, Err(ActivateError::InvalidQueue(_))) {
-            if let Some(fails) = self.activate_fails() {
-                fails.inc();
-            }
-        }
-        result?;
+        self.common_mut().activate(mem, queues, irq)?;
         self.activated();
         Ok(())
     }
@@ -93,6 +88,21 @@ pub trait VirtioDevice: Send {
         self.common().queue_states()
     }
 }
+
+/// Implements [`VirtioDevice::common`] and [`VirtioDevice::common_mut`] for a device that
+/// keeps its [`VirtioCommon`] in a field named `common`, as each of them does.
+macro_rules! common_accessors {
+    () => {
+        fn common(&self) -> &$crate::virtio::VirtioCommon {
+            &self.common
+        }
+
+        fn common_mut(&mut self) -> &mut $crate::virtio::VirtioCommon {
+            &mut self.common
+        }
+    };
+}
+pub(crate) use common_accessors;
 
 /// Copies `src[offset..]` into `data`, zero-filling whatever lies past the end.
 pub fn read_config_bytes(src: &[u8], offset: u64, data: &mut [u8]) {

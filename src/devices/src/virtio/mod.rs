@@ -16,8 +16,10 @@ pub mod snapshot;
 mod test_utils;
 pub mod transport_state;
 pub mod vsock;
+pub mod watch;
 
 pub use common::{Active, VirtioCommon};
+pub(crate) use device::common_accessors;
 pub use device::{ActivateError, VirtioDevice};
 pub use interrupt::{Interrupt, InterruptKind, IrqTrigger};
 pub use mmio::MmioTransport;

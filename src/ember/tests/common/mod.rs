@@ -75,6 +75,19 @@ macro_rules! linux_images {
     };
 }
 
+/// What a `*_or_skip` helper found for this test (it is given the test's name and `args`),
+/// or the end of the test, whose SKIPPED line the helper printed:
+/// `let ns = or_skip!(NetNs::new_or_skip);`.
+#[macro_export]
+macro_rules! or_skip {
+    ($helper:path $(, $arg:expr)*) => {
+        match $helper(&$crate::common::test_name() $(, $arg)*) {
+            Some(found) => found,
+            None => return,
+        }
+    };
+}
+
 /// Which KVM this host has: `kvm_pvm`, `kvm_intel`, `kvm_amd`, or `KVM` when /sys does not
 /// say (inside a jail).
 pub fn host_kind() -> &'static str {

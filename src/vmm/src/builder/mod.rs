@@ -21,7 +21,7 @@ use crate::microvm::{MicroVm, Parts, VcpuCounters};
 use crate::resources::VmResources;
 use crate::snapshot::MicrovmState;
 use crate::vcpu::stats::VcpuStats;
-use crate::vcpu::{self, BootEntry, Vcpu};
+use crate::vcpu::{self, BootEntry, Vcpu, VcpuShared};
 use crate::vm::{self, Vm};
 use crate::ExitSignal;
 
@@ -29,9 +29,9 @@ use crate::ExitSignal;
 pub enum BuildError {
     #[error("no boot source is configured: set boot-source.kernel_image_path")]
     NoBootSource,
-    #[error("{0}")]
+    #[error(transparent)]
     Memory(#[from] memory::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Vm(#[from] vm::Error),
     #[error("cannot open the kernel image {path}: {source}")]
     OpenKernel {
@@ -43,15 +43,15 @@ pub enum BuildError {
         path: String,
         source: hostfile::Error,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     Load(#[from] arch::loader::Error),
     #[error("the kernel command line is {len} bytes long; at most {} fit", CMDLINE_MAX_SIZE - 1)]
     CmdlineTooLong { len: usize },
-    #[error("{0}")]
+    #[error(transparent)]
     BootParams(#[from] arch::boot_params::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     MpTable(#[from] arch::mptable::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Acpi(#[from] arch::acpi::Error),
     #[error("cannot write the boot tables into guest memory: {0}")]
     GuestMemory(#[from] vm_memory::GuestMemoryError),
@@ -71,11 +71,11 @@ pub enum BuildError {
     EventFd(#[source] std::io::Error),
     #[error("cannot set up the vsock device: {0}")]
     Vsock(#[source] std::io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Vcpu(#[from] vcpu::Error),
     #[error("there are more MMIO devices than interrupt lines 5 to 23 can serve")]
     TooManyDevices,
-    #[error("{0}")]
+    #[error(transparent)]
     PciBusFull(#[from] devices::pci::root::BusFull),
     #[error("cannot copy the console's file descriptors: {0}")]
     Console(#[source] std::io::Error),
@@ -86,13 +86,13 @@ pub enum BuildError {
     },
     #[error("the snapshot's serial console state is not valid: {0}")]
     SerialState(#[source] std::io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     State(#[from] crate::snapshot::state::StateError),
-    #[error("{0}")]
+    #[error(transparent)]
     DeviceState(#[from] devices::virtio::snapshot::RestoreError),
     #[error("the snapshot has {saved} virtio devices; its configuration makes {built}")]
     DeviceCount { saved: usize, built: usize },
-    #[error("{0}")]
+    #[error(transparent)]
     CpuTemplate(#[from] vcpu::template::TemplateError),
 }
 
@@ -310,23 +310,19 @@ fn create_vcpus(
     let count = ctx.resources.machine_config.vcpu_count;
     let mut vcpus = Vec::with_capacity(usize::from(count));
     let mut stats = Vec::with_capacity(usize::from(count));
-    let msr_indices = Arc::new(caps.msr_indices.clone());
+    let shared = VcpuShared {
+        pio: attached.pio.clone(),
+        mmio: attached.mmio.clone(),
+        exit: ctx.host.exit.clone(),
+        mem: ctx.mem.clone(),
+        metrics: ctx.host.metrics.clone(),
+        msr_indices: Arc::new(caps.msr_indices.clone()),
+    };
     for index in 0..count {
         let fd = ctx.vm.create_vcpu(index)?;
         setup(index, &fd)?;
         stats.extend(VcpuStats::open(&fd).map(|st| (index, st)));
-        vcpus.push(
-            Vcpu::new(
-                index,
-                fd,
-                attached.pio.clone(),
-                attached.mmio.clone(),
-                ctx.host.exit.clone(),
-                ctx.mem.clone(),
-                ctx.host.metrics.clone(),
-            )
-            .with_snapshot_msrs(msr_indices.clone()),
-        );
+        vcpus.push(Vcpu::new(index, fd, shared.clone()));
     }
     Ok((vcpus, stats))
 }

@@ -174,7 +174,7 @@ pub enum ConfigError {
     MmdsAddress(std::net::Ipv4Addr),
     #[error("the MMDS data could not be stored: {0}")]
     Mmds(#[from] ::mmds::StoreError),
-    #[error("{0}")]
+    #[error(transparent)]
     RefillTime(#[from] devices::rate_limiter::RefillTimeError),
     #[error("the kernel command line must not contain a NUL byte")]
     BootArgsNul,

@@ -71,7 +71,7 @@ pub enum LoadError {
     TwoBackends,
     #[error("mem_backend is required (or the deprecated mem_file_path)")]
     NoBackend,
-    #[error("{0}")]
+    #[error(transparent)]
     File(#[from] file::SnapshotFileError),
     #[error(
         "Cannot restore hugetlbfs backed snapshot by mapping the memory file. Please use uffd."
@@ -100,7 +100,7 @@ pub enum LoadError {
     NoVsock,
     #[error("the snapshot's configuration is refused here: {0}")]
     Config(#[from] ConfigError),
-    #[error("{0}")]
+    #[error(transparent)]
     Uffd(#[from] super::uffd::UffdError),
     #[error("the snapshot's guest memory cannot be set up: {0}")]
     Memory(#[from] crate::memory::Error),

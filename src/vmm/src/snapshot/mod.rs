@@ -91,13 +91,13 @@ pub enum SnapshotError {
     Diff,
     #[error("cannot capture the vCPU state: {0}")]
     Vcpu(String),
-    #[error("{0}")]
+    #[error(transparent)]
     State(#[from] StateError),
-    #[error("{0}")]
+    #[error(transparent)]
     File(#[from] file::SnapshotFileError),
     #[error("cannot write the memory file {path}: {reason}")]
     Memory { path: String, reason: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Load(#[from] load::LoadError),
 }
 

@@ -41,19 +41,25 @@ pub struct BootEntry {
     pub cr3: u64,
 }
 
+/// What the vCPUs of a microVM share: where their exits go and what they count.
+#[derive(Debug, Clone)]
+pub struct VcpuShared {
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub exit: Arc<ExitSignal>,
+    pub mem: GuestMemory,
+    pub metrics: Arc<telemetry::Metrics>,
+    /// The MSRs a snapshot saves (KVM's list).
+    pub msr_indices: Arc<Vec<u32>>,
+}
+
 /// One vCPU, configured and ready to run on its own thread.
 #[derive(Debug)]
 pub struct Vcpu {
     index: u8,
     fd: VcpuFd,
-    pio: Arc<Bus>,
-    mmio: Arc<Bus>,
-    exit: Arc<ExitSignal>,
-    mem: GuestMemory,
-    metrics: Arc<telemetry::Metrics>,
+    shared: VcpuShared,
     control: Arc<VcpuControl>,
-    /// The MSRs a snapshot saves (KVM's list).
-    msr_indices: Arc<Vec<u32>>,
 }
 
 impl Vcpu {
@@ -158,25 +164,12 @@ impl Vcpu {
         Ok(())
     }
 
-    pub fn new(
-        index: u8,
-        fd: VcpuFd,
-        pio: Arc<Bus>,
-        mmio: Arc<Bus>,
-        exit: Arc<ExitSignal>,
-        mem: GuestMemory,
-        metrics: Arc<telemetry::Metrics>,
-    ) -> Self {
+    pub fn new(index: u8, fd: VcpuFd, shared: VcpuShared) -> Self {
         Vcpu {
             index,
             fd,
-            pio,
-            mmio,
-            exit,
-            mem,
-            metrics,
+            shared,
             control: Arc::default(),
-            msr_indices: Arc::default(),
         }
     }
 
@@ -193,12 +186,6 @@ impl Vcpu {
         self.control.hold();
     }
 
-    /// The MSRs a snapshot of this vCPU saves (KVM's list; none by default).
-    pub fn with_snapshot_msrs(mut self, msr_indices: Arc<Vec<u32>>) -> Self {
-        self.msr_indices = msr_indices;
-        self
-    }
-
     /// Starts the thread `ember_vcpuN`. It installs the vCPU seccomp filter, then runs until
     /// its vCPU stops the VM; the VMM thread ends the process (and with it the other vCPU
     /// threads) once the VM has stopped.
@@ -209,7 +196,7 @@ impl Vcpu {
             .name(format!("ember_vcpu{index}"))
             .spawn(move || match filters.install(seccomp::Thread::Vcpu) {
                 Ok(()) => self.run(),
-                Err(e) => self.exit.report(VmExit::VcpuError {
+                Err(e) => self.shared.exit.report(VmExit::VcpuError {
                     index,
                     failure: VcpuFailure::Filter(e.to_string()),
                 }),
@@ -224,7 +211,7 @@ impl Vcpu {
 
     /// Performs the instruction KVM could not, or stops the VM saying which one it was.
     fn emulate(&mut self) -> exit::Outcome {
-        match emulate::handle_internal_error(&mut self.fd, &self.mem) {
+        match emulate::handle_internal_error(&mut self.fd, &self.shared.mem) {
             Ok(kind) => {
                 log::debug!("vCPU {} emulated {kind:?}", self.index);
                 exit::Outcome::Continue
@@ -235,14 +222,14 @@ impl Vcpu {
 
     fn run(mut self) {
         loop {
-            let (fd, index, msrs) = (&self.fd, self.index, &self.msr_indices);
+            let (fd, index, msrs) = (&self.fd, self.index, &self.shared.msr_indices);
             self.control.park_if_paused(|| {
                 crate::snapshot::state::save_vcpu(fd, index, msrs).map_err(|e| e.to_string())
             });
             let outcome = match self.fd.run() {
                 Ok(exit) => {
-                    exit::count(&exit, &self.metrics.vcpu);
-                    exit::handle(exit, self.index, &self.pio, &self.mmio)
+                    exit::count(&exit, &self.shared.metrics.vcpu);
+                    exit::handle(exit, self.index, &self.shared.pio, &self.shared.mmio)
                 }
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     exit::Outcome::Continue
@@ -255,9 +242,9 @@ impl Vcpu {
             };
             if let exit::Outcome::Stop(reason) = outcome {
                 if matches!(reason, VmExit::VcpuError { .. }) {
-                    self.metrics.vcpu.failures.inc();
+                    self.shared.metrics.vcpu.failures.inc();
                 }
-                self.exit.report(reason);
+                self.shared.exit.report(reason);
                 hold_until_exit(self);
             }
         }

@@ -29,7 +29,8 @@ pub use hinting::{HintingError, HintingState, HintingStatus, StartHintingCmd};
 pub use stats::BalloonStats;
 
 use crate::virtio::device::read_config_bytes;
-use crate::virtio::{GuestMemory, InterruptKind, VirtioCommon, VirtioDevice};
+use crate::virtio::watch::watch_all;
+use crate::virtio::{common_accessors, GuestMemory, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 /// The balloon's unit: 4 KiB pages, whatever the guest's page size.
@@ -72,7 +73,6 @@ pub struct Balloon {
     target_pages: u32,
     /// Pages the driver says it holds (`actual`, written by the driver).
     actual_pages: u32,
-    config_generation: u32,
     stats_interval_s: u16,
     stats_timer: TimerFd,
     /// The statistics buffer the driver left with the device, to hand back at the next tick.
@@ -111,10 +111,14 @@ impl Balloon {
             queues += 1;
         }
         Ok(Balloon {
-            common: VirtioCommon::new(avail_features, &vec![QUEUE_SIZE; queues])?,
+            common: VirtioCommon::new(
+                VIRTIO_ID_BALLOON,
+                avail_features,
+                &vec![QUEUE_SIZE; queues],
+                config.metrics.clone(),
+            )?,
             target_pages: config.amount_mib.saturating_mul(PAGES_PER_MIB),
             actual_pages: 0,
-            config_generation: 0,
             stats_interval_s: config.stats_polling_interval_s,
             stats_timer: TimerFd::new().map_err(std::io::Error::from)?,
             stats_head: None,
@@ -130,10 +134,7 @@ impl Balloon {
     /// `PATCH /balloon`: a new target; the driver is told through a configuration interrupt.
     pub fn set_target_mib(&mut self, amount_mib: u32) {
         self.target_pages = amount_mib.saturating_mul(PAGES_PER_MIB);
-        self.config_generation = self.config_generation.wrapping_add(1);
-        if let Some(active) = &self.common.active {
-            let _ = active.irq.trigger(InterruptKind::Config);
-        }
+        self.common.config_changed();
     }
 
     /// `PATCH /balloon/hinting/start`: a new run, announced to the driver.
@@ -168,10 +169,7 @@ impl Balloon {
     /// Puts `cmd` in the configuration space and tells the driver.
     fn set_hint_cmd(&mut self, cmd: u32) {
         self.hints.host_cmd = cmd;
-        self.config_generation = self.config_generation.wrapping_add(1);
-        if let Some(active) = &self.common.active {
-            let _ = active.irq.trigger(InterruptKind::Config);
-        }
+        self.common.config_changed();
     }
 
     /// Where hinting stands, for a snapshot.
@@ -372,17 +370,7 @@ impl Balloon {
 }
 
 impl VirtioDevice for Balloon {
-    fn common(&self) -> &VirtioCommon {
-        &self.common
-    }
-
-    fn common_mut(&mut self) -> &mut VirtioCommon {
-        &mut self.common
-    }
-
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_BALLOON
-    }
+    common_accessors!();
 
     /// `num_pages`, `actual` and `free_page_hint_cmd_id`, little-endian u32s.
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -390,10 +378,6 @@ impl VirtioDevice for Balloon {
         space.extend_from_slice(&self.actual_pages.to_le_bytes());
         space.extend_from_slice(&self.hints.host_cmd.to_le_bytes());
         read_config_bytes(&space, offset, data);
-    }
-
-    fn config_generation(&self) -> u32 {
-        self.config_generation
     }
 
     /// The driver writes `actual` (offset 4) as it inflates and deflates.
@@ -427,10 +411,6 @@ impl VirtioDevice for Balloon {
         self.hints.guest_cmd = None;
     }
 
-    fn activate_fails(&self) -> Option<&telemetry::Counter> {
-        Some(&self.metrics.activate_fails)
-    }
-
     /// The statistics buffer the device holds was the last one taken: it is counted as not
     /// taken, so the restored balloon takes it again and statistics go on.
     fn queue_states(&self) -> Vec<QueueState> {
@@ -444,22 +424,11 @@ impl VirtioDevice for Balloon {
 
 impl MutEventSubscriber for Balloon {
     fn init(&mut self, ops: &mut EventOps) {
-        let fds = self
-            .common
-            .queue_events()
-            .iter()
-            .map(|e| Events::new(e, EventSet::IN))
-            .chain(std::iter::once(Events::new(
-                &self.stats_timer,
-                EventSet::IN,
-            )))
-            .collect::<Vec<_>>();
-        for events in fds {
-            if let Err(e) = ops.add(events) {
-                self.metrics.event_fails.inc();
-                log::error!("balloon: cannot watch a descriptor: {e}");
-            }
-        }
+        let queues = self.common.queue_events().iter().map(AsRawFd::as_raw_fd);
+        let watched = queues
+            .chain([self.stats_timer.as_raw_fd()])
+            .map(|fd| Events::new_raw(fd, EventSet::IN));
+        watch_all(ops, watched, &self.metrics.event_fails, "balloon");
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {

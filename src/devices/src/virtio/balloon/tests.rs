@@ -9,21 +9,14 @@ use telemetry::BalloonMetrics;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::{Balloon, BalloonConfig, DEFLATE, INFLATE, STATS};
-use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
+use crate::virtio::test_utils::{irq, memory, MEM_SIZE, NEXT, WRITE};
+use crate::virtio::{GuestMemory, VirtioDevice};
 
-const NEXT: u16 = 1;
-const WRITE: u16 = 2;
 const PFNS: u64 = 0x10_0000;
 const PAGES: u64 = 0x40_0000;
-const MEM_SIZE: usize = 8 << 20;
-
-fn memory() -> GuestMemory {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
-}
 
 fn desc(addr: u64, len: u32, flags: u16) -> RawDescriptor {
     RawDescriptor::from(Descriptor::new(addr, len, flags, 0))
@@ -51,7 +44,7 @@ fn activate<'m>(b: &mut Balloon, mem: &'m GuestMemory) -> Vec<MockSplitQueue<'m,
         .map(|i| MockSplitQueue::create(mem, GuestAddress(0x20_0000 + 0x1_0000 * i as u64), 16))
         .collect();
     let queues = mqs.iter().map(|q| q.create_queue().unwrap()).collect();
-    let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     b.activate(mem.clone(), queues, irq).unwrap();
     mqs
 }

@@ -24,8 +24,8 @@ use vmm_sys_util::epoll::EventSet;
 use super::io_uring::{Completion, Op, Ring};
 use super::request::{Request, RequestType, SECTOR_SIZE};
 use crate::rate_limiter::{BucketUpdate, RateLimiter, RateLimiterConfig};
-use crate::virtio::device::read_config_bytes;
-use crate::virtio::{GuestMemory, InterruptKind, VirtioCommon, VirtioDevice};
+use crate::virtio::watch::watch_all;
+use crate::virtio::{common_accessors, GuestMemory, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 /// Data buffers per request the driver may use (VIRTIO_BLK_F_SEG_MAX). Without it Linux
@@ -109,8 +109,6 @@ pub struct Block {
     read_only: bool,
     cache: CacheType,
     common: VirtioCommon,
-    config_space: Vec<u8>,
-    config_generation: u32,
     limiter: RateLimiter,
     metrics: Arc<BlockMetrics>,
     /// The Async engine's ring; None for Sync.
@@ -180,9 +178,14 @@ impl Block {
             capacity,
             read_only: config.read_only,
             cache: config.cache,
-            common: VirtioCommon::new(avail_features, &[QUEUE_SIZE]).map_err(Error::EventFd)?,
-            config_space: config_space(capacity),
-            config_generation: 0,
+            common: VirtioCommon::new(
+                VIRTIO_ID_BLOCK,
+                avail_features,
+                &[QUEUE_SIZE],
+                config.metrics.clone(),
+            )
+            .map_err(Error::EventFd)?
+            .with_config_space(config_space(capacity)),
             limiter: RateLimiter::new(config.limiter).map_err(Error::EventFd)?,
             metrics: config.metrics.clone(),
             ring: match config.engine {
@@ -209,11 +212,7 @@ impl Block {
     /// configuration-change interrupt if a driver is there to take it.
     fn set_capacity(&mut self, capacity: u64) {
         self.capacity = capacity;
-        self.config_space = config_space(capacity);
-        self.config_generation = self.config_generation.wrapping_add(1);
-        if let Some(active) = &self.common.active {
-            let _ = active.irq.trigger(InterruptKind::Config);
-        }
+        self.common.set_config_space(config_space(capacity));
     }
 
     /// `PATCH /drives` with a new `path_on_host`: the guest reads and writes the new file
@@ -510,29 +509,7 @@ impl Block {
 }
 
 impl VirtioDevice for Block {
-    fn common(&self) -> &VirtioCommon {
-        &self.common
-    }
-
-    fn common_mut(&mut self) -> &mut VirtioCommon {
-        &mut self.common
-    }
-
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_BLOCK
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.config_space, offset, data);
-    }
-
-    fn config_generation(&self) -> u32 {
-        self.config_generation
-    }
-
-    fn activate_fails(&self) -> Option<&telemetry::Counter> {
-        Some(&self.metrics.activate_fails)
-    }
+    common_accessors!();
 
     /// (On a vCPU thread, which may not wait on the ring: Async requests still in flight
     /// finish later, their buffers still mapped, and are not answered.)
@@ -550,12 +527,8 @@ impl MutEventSubscriber for Block {
         if let Some(ring) = &self.ring {
             watched.push(Events::new_raw(ring.completion_fd(), EventSet::IN));
         }
-        for events in watched {
-            if let Err(e) = ops.add(events) {
-                self.metrics.event_fails.inc();
-                log::error!("block {}: cannot watch a descriptor: {e}", self.id);
-            }
-        }
+        let device = format!("block {}", self.id);
+        watch_all(ops, watched, &self.metrics.event_fails, &device);
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {

@@ -10,23 +10,20 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::Queue;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
+use vm_memory::{Bytes, GuestAddress};
 
 use telemetry::BlockMetrics;
 
 use super::{Block, BlockConfig, CacheType, IoEngine, Request, RequestError, RequestType};
 use crate::rate_limiter::{BucketUpdate, RateLimiterConfig};
-use crate::virtio::test_utils::{ops_limiter, used};
-use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
+use crate::virtio::test_utils::{
+    desc, irq, memory, ops_limiter, used, INDIRECT, MEM_SIZE, NEXT, WRITE,
+};
+use crate::virtio::{GuestMemory, VirtioDevice};
 
-const NEXT: u16 = 1;
-const WRITE: u16 = 2;
-const INDIRECT: u16 = 4;
 const HDR: u64 = 0x10_0000;
 const DATA: u64 = 0x20_0000;
 const STATUS: u64 = 0x30_0000;
-const MEM_SIZE: usize = 16 << 20;
 
 std::thread_local! {
     /// The engine the devices of this test thread use (`async_engine` runs the tests again
@@ -59,10 +56,6 @@ impl Drop for Disk {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
-}
-
-fn memory() -> GuestMemory {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
 }
 
 fn block(disk: &Disk, read_only: bool) -> Block {
@@ -99,10 +92,6 @@ fn header(mem: &GuestMemory, kind: u32, sector: u64) {
     mem.write_obj(0xeeu8, GuestAddress(STATUS)).unwrap();
 }
 
-fn desc(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
-    RawDescriptor::from(Descriptor::new(addr, len, flags, next))
-}
-
 /// Puts `descs` in the table (head at 0), makes the chain available, activates `dev` on
 /// the queue and serves it. Returns the (head, len) used elements.
 fn serve(mem: &GuestMemory, dev: &mut Block, descs: &[RawDescriptor]) -> Vec<(u32, u32)> {
@@ -113,7 +102,7 @@ fn serve(mem: &GuestMemory, dev: &mut Block, descs: &[RawDescriptor]) -> Vec<(u3
     mq.avail().ring().ref_at(0).unwrap().store(0u16);
     mq.avail().idx().store(1);
     let queue: Queue = mq.create_queue().unwrap();
-    let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     dev.activate(mem.clone(), vec![queue], irq.clone()).unwrap();
     dev.process_queue();
     // Async requests answered (Sync ones already are).
@@ -426,7 +415,7 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
     }
     mq.avail().idx().store(5);
     let queue: Queue = mq.create_queue().unwrap();
-    let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     dev.activate(mem.clone(), vec![queue], irq).unwrap();
     // Timed from before the bucket is emptied: on a slow host the checks between
     // could take long enough to refill it, and the wait below would look too short.
@@ -481,7 +470,7 @@ fn rescan_and_a_new_file_change_the_size_the_guest_reads_and_interrupt_it() {
     assert_eq!(sectors(&dev), 2);
     // Activated, so that the device has an interrupt to raise.
     let mq = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-    let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     dev.activate(mem.clone(), vec![mq.create_queue().unwrap()], irq.clone())
         .unwrap();
     assert_eq!(irq.status(), 0);
@@ -575,7 +564,7 @@ mod async_engine {
             mq.avail().ring().ref_at(r.into()).unwrap().store(d);
         }
         mq.avail().idx().store(reads);
-        let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        let irq = irq();
         dev.activate(mem.clone(), vec![mq.create_queue().unwrap()], irq.clone())
             .unwrap();
         dev.process_queue();

@@ -25,8 +25,8 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use super::tap::{Tap, TapError, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6, VNET_HDR_LEN};
 use crate::rate_limiter::{BucketUpdate, RateLimiter, RateLimiterConfig};
-use crate::virtio::device::read_config_bytes;
-use crate::virtio::{VirtioCommon, VirtioDevice};
+use crate::virtio::watch::watch_all;
+use crate::virtio::{common_accessors, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 const RX: usize = 0;
@@ -60,7 +60,7 @@ pub type LimiterUpdate = (BucketUpdate, BucketUpdate);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{0}")]
+    #[error(transparent)]
     Tap(#[from] TapError),
     #[error("cannot create an eventfd or timerfd: {0}")]
     Fd(#[source] std::io::Error),
@@ -78,7 +78,6 @@ pub struct Net {
     id: String,
     tap: Tap,
     common: VirtioCommon,
-    config_space: Vec<u8>,
     mmds: Option<MmdsEndpoint>,
     /// One frame on its way to the guest (bytes `..rx_len`), waiting for an RX buffer.
     rx_frame: Vec<u8>,
@@ -121,9 +120,14 @@ impl Net {
         Ok(Net {
             id: config.id.clone(),
             tap,
-            common: VirtioCommon::new(avail_features, &[QUEUE_SIZE, QUEUE_SIZE])
-                .map_err(Error::Fd)?,
-            config_space,
+            common: VirtioCommon::new(
+                VIRTIO_ID_NET,
+                avail_features,
+                &[QUEUE_SIZE, QUEUE_SIZE],
+                config.metrics.clone(),
+            )
+            .map_err(Error::Fd)?
+            .with_config_space(config_space),
             mmds: match &config.mmds {
                 Some(link) => Some(MmdsEndpoint {
                     stack: MmdsStack::new(link.ip, link.store.clone()),
@@ -409,25 +413,7 @@ fn set_num_buffers(frame: &mut [u8]) {
 }
 
 impl VirtioDevice for Net {
-    fn common(&self) -> &VirtioCommon {
-        &self.common
-    }
-
-    fn common_mut(&mut self) -> &mut VirtioCommon {
-        &mut self.common
-    }
-
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_NET
-    }
-
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.config_space, offset, data);
-    }
-
-    fn activate_fails(&self) -> Option<&telemetry::Counter> {
-        Some(&self.metrics.activate_fails)
-    }
+    common_accessors!();
 
     /// The TAP hands over what the driver can take, and the frames the driver queued
     /// before the ioeventfds were armed move on the VMM thread.
@@ -464,12 +450,8 @@ impl MutEventSubscriber for Net {
         if let Some(mmds) = &self.mmds {
             watch.push(Events::new(&mmds.timer, EventSet::IN));
         }
-        for events in watch {
-            if let Err(e) = ops.add(events) {
-                self.metrics.event_fails.inc();
-                log::error!("net {}: cannot watch a descriptor: {e}", self.id);
-            }
-        }
+        let device = format!("net {}", self.id);
+        watch_all(ops, watch, &self.metrics.event_fails, &device);
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {

@@ -7,20 +7,16 @@ use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use virtio_queue::desc::split::Descriptor;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::Queue;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::{MmdsLink, Net, NetConfig};
 use crate::rate_limiter::{bucket, BucketUpdate, RateLimiterConfig};
-use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
+use crate::virtio::test_utils::{desc, irq, memory, MEM_SIZE, NEXT, WRITE};
+use crate::virtio::{GuestMemory, VirtioDevice};
 
-const NEXT: u16 = 1;
-const WRITE: u16 = 2;
-const MEM_SIZE: usize = 16 << 20;
 const RX_Q: u64 = 0x1000;
 const TX_Q: u64 = 0x8000;
 
@@ -78,10 +74,6 @@ impl Drop for Namespace {
     }
 }
 
-fn desc(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
-    RawDescriptor::from(Descriptor::new(addr, len, flags, next))
-}
-
 struct Rig {
     mem: GuestMemory,
     rx: MockSplitQueue<'static, GuestMemory>,
@@ -101,9 +93,7 @@ impl Rig {
         tx_limiter: RateLimiterConfig,
         metrics: Arc<telemetry::NetMetrics>,
     ) -> Rig {
-        let mem: &'static GuestMemory = Box::leak(Box::new(
-            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap(),
-        ));
+        let mem: &'static GuestMemory = Box::leak(Box::new(memory()));
         let rx = MockSplitQueue::create(mem, GuestAddress(RX_Q), 16);
         let tx = MockSplitQueue::create(mem, GuestAddress(TX_Q), 16);
         let mut net = Net::new(&NetConfig {
@@ -119,7 +109,7 @@ impl Rig {
         .unwrap();
         net.set_acked_features(net.avail_features());
         let queues: Vec<Queue> = vec![rx.create_queue().unwrap(), tx.create_queue().unwrap()];
-        let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+        let irq = irq();
         net.activate(mem.clone(), queues, irq).unwrap();
         Rig {
             mem: mem.clone(),

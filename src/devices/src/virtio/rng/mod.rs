@@ -13,7 +13,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory as _, Permissions};
 use vmm_sys_util::epoll::EventSet;
 
 use crate::rate_limiter::{RateLimiter, RateLimiterConfig};
-use crate::virtio::{GuestMemory, VirtioCommon, VirtioDevice};
+use crate::virtio::watch::watch_all;
+use crate::virtio::{common_accessors, GuestMemory, VirtioCommon, VirtioDevice};
 
 pub const QUEUE_SIZE: u16 = 256;
 /// The most a request is given; a larger buffer gets this much (the used length says so).
@@ -65,7 +66,12 @@ fn buffers(
 impl Entropy {
     pub fn new(config: &EntropyConfig) -> std::io::Result<Self> {
         Ok(Entropy {
-            common: VirtioCommon::new(1 << VIRTIO_F_VERSION_1, &[QUEUE_SIZE])?,
+            common: VirtioCommon::new(
+                VIRTIO_ID_RNG,
+                1 << VIRTIO_F_VERSION_1,
+                &[QUEUE_SIZE],
+                config.metrics.clone(),
+            )?,
             limiter: RateLimiter::new(config.limiter)?,
             metrics: config.metrics.clone(),
             buf: Vec::new(),
@@ -131,39 +137,16 @@ impl Entropy {
 }
 
 impl VirtioDevice for Entropy {
-    fn common(&self) -> &VirtioCommon {
-        &self.common
-    }
-
-    fn common_mut(&mut self) -> &mut VirtioCommon {
-        &mut self.common
-    }
-
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_RNG
-    }
-
-    /// virtio-rng has no configuration space.
-    fn read_config(&self, _offset: u64, data: &mut [u8]) {
-        data.fill(0);
-    }
-
-    fn activate_fails(&self) -> Option<&telemetry::Counter> {
-        Some(&self.metrics.activate_fails)
-    }
+    common_accessors!();
 }
 
 impl MutEventSubscriber for Entropy {
     fn init(&mut self, ops: &mut EventOps) {
-        for events in [
+        let watched = [
             Events::new(self.common.queue_event(0), EventSet::IN),
             Events::new(&self.limiter, EventSet::IN),
-        ] {
-            if let Err(e) = ops.add(events) {
-                self.metrics.entropy_event_fails.inc();
-                log::error!("entropy: cannot watch a descriptor: {e}");
-            }
-        }
+        ];
+        watch_all(ops, watched, &self.metrics.entropy_event_fails, "entropy");
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {

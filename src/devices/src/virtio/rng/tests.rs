@@ -5,29 +5,16 @@
 use std::sync::Arc;
 
 use telemetry::EntropyMetrics;
-use virtio_queue::desc::split::Descriptor;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::mock::MockSplitQueue;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-use vmm_sys_util::eventfd::EventFd;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::{Entropy, EntropyConfig, MAX_REQUEST};
 use crate::rate_limiter::RateLimiterConfig;
-use crate::virtio::test_utils::{ops_limiter, used};
-use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
+use crate::virtio::test_utils::{desc, irq, memory, ops_limiter, used, MEM_SIZE, NEXT, WRITE};
+use crate::virtio::{GuestMemory, VirtioDevice};
 
-const NEXT: u16 = 1;
-const WRITE: u16 = 2;
 const BUF: u64 = 0x10_0000;
-const MEM_SIZE: usize = 4 << 20;
-
-fn memory() -> GuestMemory {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
-}
-
-fn desc(addr: u64, len: u32, flags: u16, next: u16) -> RawDescriptor {
-    RawDescriptor::from(Descriptor::new(addr, len, flags, next))
-}
 
 /// A device on a 16-entry queue whose chains start at the given heads, activated.
 fn rig<'m>(
@@ -54,7 +41,7 @@ fn rig<'m>(
         metrics: metrics.clone(),
     })
     .unwrap();
-    let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     dev.activate(mem.clone(), vec![mq.create_queue().unwrap()], irq)
         .unwrap();
     (dev, mq, metrics)

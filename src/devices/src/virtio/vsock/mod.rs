@@ -37,8 +37,8 @@ use vmm_sys_util::timerfd::TimerFd;
 
 use self::conn::{owe, Conn, State};
 use self::packet::*;
-use crate::virtio::device::read_config_bytes;
-use crate::virtio::{VirtioCommon, VirtioDevice};
+use crate::virtio::watch::watch_all;
+use crate::virtio::{common_accessors, VirtioCommon, VirtioDevice};
 
 pub use self::conn::BUF_ALLOC;
 
@@ -110,7 +110,14 @@ impl Vsock {
             cid: config.guest_cid,
             uds_path: config.uds_path,
             listener: config.listener,
-            common: VirtioCommon::new(1 << VIRTIO_F_VERSION_1, &[QUEUE_SIZE; 3])?,
+            common: VirtioCommon::new(
+                VIRTIO_ID_VSOCK,
+                1 << VIRTIO_F_VERSION_1,
+                &[QUEUE_SIZE; 3],
+                config.metrics.clone(),
+            )?
+            // The configuration space is the guest's CID.
+            .with_config_space(config.guest_cid.to_le_bytes().to_vec()),
             timer: TimerFd::new()?,
             armed: None,
             conns: HashMap::new(),
@@ -203,26 +210,7 @@ impl Vsock {
 }
 
 impl VirtioDevice for Vsock {
-    fn common(&self) -> &VirtioCommon {
-        &self.common
-    }
-
-    fn common_mut(&mut self) -> &mut VirtioCommon {
-        &mut self.common
-    }
-
-    fn device_type(&self) -> u32 {
-        VIRTIO_ID_VSOCK
-    }
-
-    /// The configuration space is the guest's CID.
-    fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.cid.to_le_bytes(), offset, data);
-    }
-
-    fn activate_fails(&self) -> Option<&telemetry::Counter> {
-        Some(&self.metrics.activate_fails)
-    }
+    common_accessors!();
 
     /// The VMM thread serves what is already waiting. Not the event queue: its kick is the
     /// guest's answer to a transport reset.
@@ -306,12 +294,7 @@ impl MutEventSubscriber for Vsock {
             Events::new(&self.listener, EventSet::IN),
             Events::new(&self.timer, EventSet::IN),
         ];
-        for events in fixed {
-            if let Err(e) = ops.add(events) {
-                self.metrics.muxer_event_fails.inc();
-                log::error!("vsock: cannot watch a descriptor: {e}");
-            }
-        }
+        watch_all(ops, fixed, &self.metrics.muxer_event_fails, "vsock");
     }
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {

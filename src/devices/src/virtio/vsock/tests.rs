@@ -11,21 +11,18 @@ use telemetry::VsockMetrics;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::eventfd::EventFd;
 
 use super::packet::*;
 use super::{Vsock, VsockConfig, BUF_ALLOC};
-use crate::virtio::{GuestMemory, IrqTrigger, VirtioDevice};
+use crate::virtio::test_utils::{irq, memory, MEM_SIZE, NEXT, WRITE};
+use crate::virtio::{GuestMemory, VirtioDevice};
 
 const CID: u64 = 3;
 const QSIZE: u16 = 64;
 const RX_BUFS: u64 = 0x40_0000;
 const TX_BUFS: u64 = 0x80_0000;
-const MEM_SIZE: usize = 16 << 20;
-const NEXT: u16 = 1;
-const WRITE: u16 = 2;
 
 struct Scratch(PathBuf);
 
@@ -203,7 +200,7 @@ fn rig<'m>(mem: &'m GuestMemory, dir: &std::path::Path) -> (Vsock, Driver<'m>, A
     .unwrap();
     let rings: Vec<Ring> = (0..3).map(|i| Ring(0x20_0000 + 0x1_0000 * i)).collect();
     let queues = rings.iter().map(|r| r.queue()).collect();
-    let irq = Arc::new(IrqTrigger::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()));
+    let irq = irq();
     dev.activate(mem.clone(), queues, irq).unwrap();
     let driver = Driver {
         mem,
@@ -214,10 +211,6 @@ fn rig<'m>(mem: &'m GuestMemory, dir: &std::path::Path) -> (Vsock, Driver<'m>, A
         tx_posted: 0,
     };
     (dev, driver, metrics)
-}
-
-fn memory() -> GuestMemory {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE)]).unwrap()
 }
 
 /// Runs the device as the event loop would after `events` on every connection.
