@@ -84,6 +84,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, Error> {
     Ok(listener)
 }
 
+#[derive(Debug)]
 struct Connection {
     stream: UnixStream,
     parser: RequestParser,
@@ -109,6 +110,7 @@ enum Next {
     Close,
 }
 
+#[derive(Debug)]
 pub struct ApiServer {
     listener: UnixListener,
     epoll: Epoll,
@@ -119,14 +121,6 @@ pub struct ApiServer {
     max_payload: usize,
     metrics: Arc<telemetry::Metrics>,
     idle_timeout: Duration,
-}
-
-impl std::fmt::Debug for ApiServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiServer")
-            .field("connections", &self.connections.len())
-            .finish()
-    }
 }
 
 impl ApiServer {

@@ -31,15 +31,8 @@ fn static_bins() -> &'static Path {
             return PathBuf::from(dir);
         }
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build-static");
-        let out = Command::new(script)
-            .output()
-            .expect("run scripts/build-static");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        let out = output_of(&mut Command::new(script), "scripts/build-static");
+        PathBuf::from(out.trim())
     })
 }
 

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::output_of;
 use common::snapshot::*;
 use serde_json::json;
 
@@ -58,15 +59,11 @@ fn a_diff_snapshot_is_small_and_restores_the_later_state_on_its_base() {
     // Layered on a copy of the base, the diff restores the later state.
     let merged = s.path("merged.mem");
     std::fs::copy(&base_mem, &merged).unwrap();
-    let out = Command::new(REBASE_SNAP)
-        .args(["--base-file", merged.to_str().unwrap(), "--diff-file"])
-        .arg(&diff_mem)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    output_of(
+        Command::new(REBASE_SNAP)
+            .args(["--base-file", merged.to_str().unwrap(), "--diff-file"])
+            .arg(&diff_mem),
+        "rebase-snap",
     );
     let mut b = ember_named(&s, "b");
     let mut c = b.client();

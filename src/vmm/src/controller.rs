@@ -225,11 +225,8 @@ impl Controller {
             return Err(ConfigError::NoSuchDrive(patch.drive_id).into());
         }
         patch.validate()?;
-        let vm = self.running()?;
-        let block = vm
-            .device::<Block>(&patch.drive_id)
-            .ok_or_else(|| ConfigError::NoSuchDrive(patch.drive_id.clone()))?;
-        let mut block = devices::bus::lock(block);
+        let id = &patch.drive_id;
+        let mut block = self.running_device::<Block>(id, ConfigError::NoSuchDrive(id.clone()))?;
         if let Some(path) = &patch.path_on_host {
             block
                 .replace_disk(std::path::Path::new(path))
@@ -249,11 +246,7 @@ impl Controller {
 
     /// `BlockDeviceRescan`: the guest is told the drive's current size.
     fn rescan_drive(&mut self, id: String) -> ActionResult {
-        let vm = self.running()?;
-        let block = vm
-            .device::<Block>(&id)
-            .ok_or(ConfigError::NoSuchDrive(id.clone()))?;
-        devices::bus::lock(block)
+        self.running_device::<Block>(&id, ConfigError::NoSuchDrive(id.clone()))?
             .rescan()
             .map_err(|e| ActionError::DriveUpdate {
                 id,
@@ -268,15 +261,13 @@ impl Controller {
             return Err(ConfigError::NoSuchIface(patch.iface_id).into());
         }
         patch.validate()?;
-        let vm = self.running()?;
-        let net = vm
-            .device::<Net>(&patch.iface_id)
-            .ok_or_else(|| ConfigError::NoSuchIface(patch.iface_id.clone()))?;
+        let id = &patch.iface_id;
         let updates = |l: &Option<RateLimiterConfig>| l.as_ref().map(RateLimiterConfig::updates);
-        devices::bus::lock(net).update_limiters(
-            updates(&patch.rx_rate_limiter),
-            updates(&patch.tx_rate_limiter),
-        );
+        self.running_device::<Net>(id, ConfigError::NoSuchIface(id.clone()))?
+            .update_limiters(
+                updates(&patch.rx_rate_limiter),
+                updates(&patch.tx_rate_limiter),
+            );
         self.resources.patch_network_interface(&patch);
         Ok(VmmData::Empty)
     }
@@ -526,5 +517,16 @@ impl Controller {
 
     fn running(&mut self) -> Result<&mut MicroVm, ActionError> {
         self.vm.as_mut().ok_or(ActionError::NotSupportedPreBoot)
+    }
+
+    /// The running microVM's device `id` of type `D`, locked; `missing` if it has none.
+    fn running_device<D: 'static>(
+        &mut self,
+        id: &str,
+        missing: ConfigError,
+    ) -> Result<std::sync::MutexGuard<'_, D>, ActionError> {
+        let vm = self.running()?;
+        let device = vm.device::<D>(id).ok_or(missing)?;
+        Ok(devices::bus::lock(device))
     }
 }

@@ -186,14 +186,8 @@ impl VmResources {
         self.check_device_count(
             others.count() + 1 + self.network_interfaces.len() + self.others(),
         )?;
-        match self
-            .drives
-            .iter_mut()
-            .find(|d| d.drive_id == drive.drive_id)
-        {
-            Some(slot) => *slot = drive,
-            None => self.drives.push(drive),
-        }
+        let id = drive.drive_id.clone();
+        upsert(&mut self.drives, drive, |d| d.drive_id == id);
         // Stable: the root first, the others in the order given.
         self.drives.sort_by_key(|d| !d.is_root_device);
         Ok(())
@@ -245,14 +239,8 @@ impl VmResources {
         }
         self.check_device_count(self.drives.len() + others.len() + 1 + self.others())?;
         iface.validate()?;
-        match self
-            .network_interfaces
-            .iter_mut()
-            .find(|i| i.iface_id == iface.iface_id)
-        {
-            Some(slot) => *slot = iface,
-            None => self.network_interfaces.push(iface),
-        }
+        let id = iface.iface_id.clone();
+        upsert(&mut self.network_interfaces, iface, |i| i.iface_id == id);
         Ok(())
     }
 
@@ -448,5 +436,13 @@ impl VmResources {
             cpu_config: self.cpu_template.clone().map(CpuConfig::Template),
             ..VmConfig::new(self.machine_config.clone())
         }
+    }
+}
+
+/// Replaces the item of `list` that `same` picks out with `item`, or adds `item` at the end.
+fn upsert<T>(list: &mut Vec<T>, item: T, same: impl Fn(&T) -> bool) {
+    match list.iter_mut().find(|t| same(t)) {
+        Some(slot) => *slot = item,
+        None => list.push(item),
     }
 }

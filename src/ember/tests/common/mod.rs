@@ -36,6 +36,17 @@ pub fn read_all(pipe: Option<impl Read>) -> String {
     text
 }
 
+/// Runs `cmd` to its end and gives its standard output; panics with `what` and the
+/// command's standard error if it fails.
+pub fn output_of(cmd: &mut Command, what: &str) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run it: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{what}: {}: {stderr}", out.status);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The running test's name: libtest runs each test on a thread named after it.
 pub fn test_name() -> String {
     let thread = std::thread::current();

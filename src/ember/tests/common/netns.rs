@@ -50,18 +50,9 @@ impl NetNs {
 
     /// Runs a command inside the namespace; panics if it fails.
     pub fn exec(&self, cmd: &[&str]) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(cmd)
-            .output()
-            .expect("run ip netns exec");
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            cmd.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let mut ip = Command::new("ip");
+        ip.args(["netns", "exec", &self.name]).args(cmd);
+        super::output_of(&mut ip, &cmd.join(" "))
     }
 
     /// Adds TAP device `tap`, with host address `cidr` (if any) and `mtu`, and brings it up.

@@ -56,7 +56,7 @@ const MILAN: u32 = 0x00a0_0f11;
 struct StaticTemplate {
     vendor: &'static [u8; 12],
     models: &'static [u32],
-    cpuid: &'static [table::CpuidRow],
+    cpuid: &'static [&'static [table::CpuidRow]],
     msrs: &'static [table::MsrRow],
 }
 
@@ -142,6 +142,7 @@ pub fn resolve(
         guest.cpuid = t
             .cpuid
             .iter()
+            .flat_map(|rows| rows.iter())
             .map(|&(leaf, subleaf, flags, register, bits)| CpuidChange {
                 leaf,
                 subleaf,

@@ -110,6 +110,16 @@ fn serve(mem: &GuestMemory, dev: &mut Block, descs: &[RawDescriptor]) -> Vec<(u3
     used(mem, &mq)
 }
 
+/// A request's chain: the header at HDR, `len` data bytes at `data` (`flags` WRITE when the
+/// device writes them), and the status byte at STATUS.
+fn chain(data: u64, len: u32, flags: u16) -> Vec<RawDescriptor> {
+    vec![
+        desc(HDR, 16, NEXT, 1),
+        desc(data, len, NEXT | flags, 2),
+        desc(STATUS, 1, WRITE, 0),
+    ]
+}
+
 fn status(mem: &GuestMemory) -> u32 {
     u32::from(mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap())
 }
@@ -122,15 +132,7 @@ fn read_write_flush_and_get_id() {
 
     let mut dev = block(&disk, false);
     header(&mem, 0, 1);
-    let used = serve(
-        &mem,
-        &mut dev,
-        &[
-            desc(HDR, 16, NEXT, 1),
-            desc(DATA, 1024, NEXT | WRITE, 2),
-            desc(STATUS, 1, WRITE, 0),
-        ],
-    );
+    let used = serve(&mem, &mut dev, &chain(DATA, 1024, WRITE));
     assert_eq!(used, vec![(0, 1025)]);
     assert_eq!(status(&mem), VIRTIO_BLK_S_OK);
     let mut got = vec![0u8; 1024];
@@ -140,15 +142,7 @@ fn read_write_flush_and_get_id() {
     let mut dev = block(&disk, false);
     mem.write_slice(&[0xab; 512], GuestAddress(DATA)).unwrap();
     header(&mem, 1, 15);
-    let used = serve(
-        &mem,
-        &mut dev,
-        &[
-            desc(HDR, 16, NEXT, 1),
-            desc(DATA, 512, NEXT, 2),
-            desc(STATUS, 1, WRITE, 0),
-        ],
-    );
+    let used = serve(&mem, &mut dev, &chain(DATA, 512, 0));
     assert_eq!(used, vec![(0, 1)]);
     assert_eq!(status(&mem), VIRTIO_BLK_S_OK);
     let after = disk.bytes();
@@ -166,15 +160,7 @@ fn read_write_flush_and_get_id() {
 
     let mut dev = block(&disk, false);
     header(&mem, 8, 0);
-    let used = serve(
-        &mem,
-        &mut dev,
-        &[
-            desc(HDR, 16, NEXT, 1),
-            desc(DATA, 20, NEXT | WRITE, 2),
-            desc(STATUS, 1, WRITE, 0),
-        ],
-    );
+    let used = serve(&mem, &mut dev, &chain(DATA, 20, WRITE));
     assert_eq!(used, vec![(0, 21)]);
     let mut id = [0u8; 20];
     mem.read_slice(&mut id, GuestAddress(DATA)).unwrap();
@@ -190,15 +176,7 @@ fn writes_to_a_read_only_disk_and_requests_past_the_end_fail_untouched() {
     let mut dev = block(&disk, true);
     assert_ne!(dev.avail_features() & (1 << 5), 0, "VIRTIO_BLK_F_RO");
     header(&mem, 1, 0);
-    serve(
-        &mem,
-        &mut dev,
-        &[
-            desc(HDR, 16, NEXT, 1),
-            desc(DATA, 512, NEXT, 2),
-            desc(STATUS, 1, WRITE, 0),
-        ],
-    );
+    serve(&mem, &mut dev, &chain(DATA, 512, 0));
     assert_eq!(status(&mem), VIRTIO_BLK_S_IOERR);
 
     for (sector, len) in [
@@ -209,15 +187,7 @@ fn writes_to_a_read_only_disk_and_requests_past_the_end_fail_untouched() {
     ] {
         let mut dev = block(&disk, false);
         header(&mem, 1, sector);
-        serve(
-            &mem,
-            &mut dev,
-            &[
-                desc(HDR, 16, NEXT, 1),
-                desc(DATA, len, NEXT, 2),
-                desc(STATUS, 1, WRITE, 0),
-            ],
-        );
+        serve(&mem, &mut dev, &chain(DATA, len, 0));
         assert_eq!(status(&mem), VIRTIO_BLK_S_IOERR, "sector {sector}");
     }
     assert_eq!(disk.bytes(), contents, "the image is unchanged");
@@ -255,38 +225,13 @@ fn hostile_chains_get_device_errors_not_panics() {
             "header too short",
             vec![desc(HDR, 8, NEXT, 1), desc(STATUS, 1, WRITE, 0)],
         ),
-        (
-            "data outside memory",
-            vec![
-                desc(HDR, 16, NEXT, 1),
-                desc(outside, 512, NEXT, 2),
-                desc(STATUS, 1, WRITE, 0),
-            ],
-        ),
+        ("data outside memory", chain(outside, 512, 0)),
         (
             "data straddling the end of memory",
-            vec![
-                desc(HDR, 16, NEXT, 1),
-                desc(MEM_SIZE as u64 - 256, 512, NEXT, 2),
-                desc(STATUS, 1, WRITE, 0),
-            ],
+            chain(MEM_SIZE as u64 - 256, 512, 0),
         ),
-        (
-            "an address that overflows",
-            vec![
-                desc(HDR, 16, NEXT, 1),
-                desc(u64::MAX - 255, 512, NEXT, 2),
-                desc(STATUS, 1, WRITE, 0),
-            ],
-        ),
-        (
-            "a huge length",
-            vec![
-                desc(HDR, 16, NEXT, 1),
-                desc(DATA, u32::MAX, NEXT, 2),
-                desc(STATUS, 1, WRITE, 0),
-            ],
-        ),
+        ("an address that overflows", chain(u64::MAX - 255, 512, 0)),
+        ("a huge length", chain(DATA, u32::MAX, 0)),
         (
             "status outside memory",
             vec![
@@ -303,22 +248,8 @@ fn hostile_chains_get_device_errors_not_panics() {
                 desc(STATUS, 1, 0, 0),
             ],
         ),
-        (
-            "data the wrong way",
-            vec![
-                desc(HDR, 16, NEXT, 1),
-                desc(DATA, 512, NEXT | WRITE, 2),
-                desc(STATUS, 1, WRITE, 0),
-            ],
-        ),
-        (
-            "a partial sector",
-            vec![
-                desc(HDR, 16, NEXT, 1),
-                desc(DATA, 100, NEXT, 2),
-                desc(STATUS, 1, WRITE, 0),
-            ],
-        ),
+        ("data the wrong way", chain(DATA, 512, WRITE)),
+        ("a partial sector", chain(DATA, 100, 0)),
         (
             "an indirect table outside memory",
             vec![desc(outside, 16 * 4, INDIRECT, 0)],

@@ -68,12 +68,14 @@ pub enum Error {
 
 /// The MMDS on this interface: its stack, and the timer for the stack's retransmissions
 /// and timeouts, re-armed only after something touched the stack.
+#[derive(Debug)]
 struct MmdsEndpoint {
     stack: MmdsStack,
     timer: TimerFd,
     touched: bool,
 }
 
+#[derive(Debug)]
 pub struct Net {
     id: String,
     tap: Tap,
@@ -86,15 +88,6 @@ pub struct Net {
     rx_limiter: RateLimiter,
     tx_limiter: RateLimiter,
     metrics: Arc<NetMetrics>,
-}
-
-impl std::fmt::Debug for Net {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Net")
-            .field("id", &self.id)
-            .field("tap", &self.tap.name())
-            .finish()
-    }
 }
 
 impl Net {

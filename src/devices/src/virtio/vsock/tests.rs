@@ -223,6 +223,24 @@ fn pump(dev: &mut Vsock) {
     dev.process_rx();
 }
 
+/// Every connection's deadline passes, and the timer fires.
+fn expire_deadlines(dev: &mut Vsock) {
+    for c in dev.conns.values_mut() {
+        c.deadline = Some(std::time::Instant::now());
+    }
+    dev.on_timer();
+}
+
+/// The device holds no connection and, once it has closed what it dropped (the VMM
+/// thread's next pass), the host end reads the end of the stream and nothing before it.
+fn assert_host_closed(dev: &mut Vsock, host: &mut UnixStream) {
+    assert_eq!(dev.connections(), 0);
+    dev.closed.clear();
+    let mut rest = Vec::new();
+    host.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+}
+
 fn read_line(s: &mut UnixStream) -> String {
     let mut line = Vec::new();
     let mut b = [0u8; 1];
@@ -377,18 +395,10 @@ fn an_unanswered_request_times_out_and_the_host_socket_closes() {
     d.post_rx(2);
     dev.process_rx();
     assert_eq!(d.received()[0].0.op, OP_REQUEST);
-    // The deadline passes.
-    for c in dev.conns.values_mut() {
-        c.deadline = Some(std::time::Instant::now());
-    }
-    dev.on_timer();
+    expire_deadlines(&mut dev);
     dev.process_rx();
     assert_eq!(d.received()[0].0.op, OP_RST);
-    assert_eq!(dev.connections(), 0);
-    dev.closed.clear();
-    let mut rest = Vec::new();
-    host.read_to_end(&mut rest).unwrap();
-    assert!(rest.is_empty());
+    assert_host_closed(&mut dev, &mut host);
 }
 
 #[test]
@@ -521,15 +531,8 @@ fn a_host_connection_that_never_names_a_port_is_closed_after_its_deadline() {
     let deadline = dev.conns.values().next().unwrap().deadline.unwrap();
     let wait = deadline - std::time::Instant::now();
     assert!(wait > super::CONNECT_LINE_TIMEOUT / 2, "{wait:?}");
-    for c in dev.conns.values_mut() {
-        c.deadline = Some(std::time::Instant::now());
-    }
-    dev.on_timer();
-    assert_eq!(dev.connections(), 0);
-    dev.closed.clear();
-    let mut rest = Vec::new();
-    host.read_to_end(&mut rest).unwrap();
-    assert!(rest.is_empty());
+    expire_deadlines(&mut dev);
+    assert_host_closed(&mut dev, &mut host);
 }
 
 /// After a restore the guest is told of the transport reset (event 0 in its event buffer),
