@@ -77,25 +77,19 @@ fn main() {
     for f in ["entry.S", "main.c", "link.ld"] {
         println!("cargo:rerun-if-changed=guest/{f}");
     }
-    let main_o = out.join("main.o");
-    run(Command::new("gcc")
-        .args(CFLAGS)
-        .arg(dir.join("main.c"))
-        .arg("-o")
-        .arg(&main_o));
-    let entry_pvh = out.join("entry-pvh.o");
-    run(Command::new("gcc")
-        .args(CFLAGS)
-        .arg("-DPVH_NOTE")
-        .arg(dir.join("entry.S"))
-        .arg("-o")
-        .arg(&entry_pvh));
-    let entry_64 = out.join("entry-64.o");
-    run(Command::new("gcc")
-        .args(CFLAGS)
-        .arg(dir.join("entry.S"))
-        .arg("-o")
-        .arg(&entry_64));
+    let compile = |source: &str, defines: &[&str], object: &str| {
+        let object = out.join(object);
+        run(Command::new("gcc")
+            .args(CFLAGS)
+            .args(defines)
+            .arg(dir.join(source))
+            .arg("-o")
+            .arg(&object));
+        object
+    };
+    let main_o = compile("main.c", &[], "main.o");
+    let entry_pvh = compile("entry.S", &["-DPVH_NOTE"], "entry-pvh.o");
+    let entry_64 = compile("entry.S", &[], "entry-64.o");
     let script = dir.join("link.ld");
     link(&out, &[&entry_pvh, &main_o], &script, "guest-pvh.elf");
     let elf64 = link(&out, &[&entry_64, &main_o], &script, "guest-linux64.elf");

@@ -352,6 +352,13 @@ fn cgroup_v2_and_daemonize() {
     let _ = ember.wait_exit(Duration::from_secs(5));
 }
 
+/// The jailer's arguments `--id id --exec-file exec`, then `more`.
+fn with_good_exec<'a>(id: &'a str, exec: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--id", id, "--exec-file", exec];
+    args.extend_from_slice(more);
+    args
+}
+
 #[test]
 fn bad_jailer_input_is_refused_and_leaves_nothing_behind() {
     require_kvm!();
@@ -383,50 +390,22 @@ fn bad_jailer_input_is_refused_and_leaves_nothing_behind() {
             "is dynamically linked (it needs /lib64/ld-linux-x86-64.so.2)".into(),
         ),
         (
-            vec![
-                "--id",
-                &jail.id,
-                "--exec-file",
-                &ember,
-                "--chroot-base-dir",
-                &file,
-            ],
+            with_good_exec(&jail.id, &ember, &["--chroot-base-dir", &file]),
             format!("the chroot base {file} exists and is not a directory"),
         ),
         (
-            vec![
-                "--id",
-                &jail.id,
-                "--exec-file",
-                &ember,
-                "--cgroup",
-                "pids.nosuch=1",
-            ],
+            with_good_exec(&jail.id, &ember, &["--cgroup", "pids.nosuch=1"]),
             format!(
                 "the cgroup file pids.nosuch does not exist in /sys/fs/cgroup/pids/ember/{}",
                 jail.id
             ),
         ),
         (
-            vec![
-                "--id",
-                &jail.id,
-                "--exec-file",
-                &ember,
-                "--cgroup",
-                "nosuchctl.max=1",
-            ],
+            with_good_exec(&jail.id, &ember, &["--cgroup", "nosuchctl.max=1"]),
             "no cgroup v1 hierarchy with the nosuchctl controller is mounted".into(),
         ),
         (
-            vec![
-                "--id",
-                &jail.id,
-                "--exec-file",
-                &ember,
-                "--netns",
-                "/var/run/netns/no-such-ns",
-            ],
+            with_good_exec(&jail.id, &ember, &["--netns", "/var/run/netns/no-such-ns"]),
             "the network namespace /var/run/netns/no-such-ns does not exist".into(),
         ),
     ];

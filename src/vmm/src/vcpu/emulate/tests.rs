@@ -63,26 +63,20 @@ fn cpu(paging: Paging, code: &[u8], mem: &GuestMemory) -> CpuState {
 #[test]
 fn the_walk_follows_4k_2m_and_1g_pages() {
     let (mem, paging) = guest();
-    assert_eq!(
-        paging.translate(&mem, DATA + 0x123, true),
-        Ok(DATA_GPA + 0x123)
-    );
-    assert_eq!(
-        paging.translate(&mem, RODATA, true),
-        Err(WalkError::ReadOnly(RODATA))
-    );
-    assert_eq!(
-        paging.translate(&mem, RODATA + 8, false),
-        Ok(RODATA_GPA + 8)
-    );
-    assert_eq!(
-        paging.translate(&mem, HOLE, false),
-        Err(WalkError::NotPresent(HOLE))
-    );
-    assert_eq!(
-        paging.translate(&mem, 0x0000_8000_0000_0000, false),
-        Err(WalkError::NonCanonical(0x0000_8000_0000_0000))
-    );
+    let non_canonical = 0x0000_8000_0000_0000;
+    for (gva, write, gpa) in [
+        (DATA + 0x123, true, Ok(DATA_GPA + 0x123)),
+        (RODATA, true, Err(WalkError::ReadOnly(RODATA))),
+        (RODATA + 8, false, Ok(RODATA_GPA + 8)),
+        (HOLE, false, Err(WalkError::NotPresent(HOLE))),
+        (
+            non_canonical,
+            false,
+            Err(WalkError::NonCanonical(non_canonical)),
+        ),
+    ] {
+        assert_eq!(paging.translate(&mem, gva, write), gpa, "{gva:#x}");
+    }
     // A 2 MiB page in the PD and a 1 GiB page in the PDPT.
     mem.write_obj(0x20_0000u64 | P | W | 0x80, GuestAddress(PD + 9 * 8))
         .unwrap();
