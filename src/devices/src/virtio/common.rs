@@ -1,7 +1,8 @@
 //! What every virtio device keeps whatever its type and transport: its type, the features
 //! offered and accepted, the queues' sizes and notification eventfds, its configuration
-//! space, and once the driver has started it, the queues, guest memory and interrupt. A device embeds one [`VirtioCommon`] and the
-//! [`super::VirtioDevice`] trait's provided methods do the rest.
+//! space, and once the driver has started it, the queues, guest memory and interrupt. A
+//! device embeds one [`VirtioCommon`] and the [`super::VirtioDevice`] trait's provided
+//! methods do the rest.
 
 use std::sync::Arc;
 
@@ -274,5 +275,37 @@ mod tests {
         assert!(active.serve_queue(1, |_, _| Some(8)));
         assert!(!active.serve_queue(0, |_, _| Some(8)));
         assert_eq!(*irq.0.lock().unwrap(), vec![InterruptKind::Queue(1)]);
+    }
+
+    #[test]
+    fn a_refused_activation_is_counted_and_a_configuration_change_interrupts_the_driver() {
+        let mem: GuestMemory = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let metrics = Arc::new(telemetry::BlockMetrics::default());
+        let mut common = VirtioCommon::new(2, 0, &[16], metrics.clone())
+            .unwrap()
+            .with_config_space(vec![1, 2]);
+        let irq = Arc::new(Recorder::default());
+        // A descriptor table past the end of guest memory is not valid.
+        let mut bad: Queue = MockSplitQueue::create(&mem, GuestAddress(0), 16)
+            .create_queue()
+            .unwrap();
+        bad.set_desc_table_address(Some(2 << 20), Some(0));
+        let refused = common.activate(mem.clone(), vec![bad], irq.clone());
+        assert!(matches!(refused, Err(ActivateError::InvalidQueue(0))));
+        assert_eq!(metrics.activate_fails.take(), 1);
+        common.set_config_space(vec![3, 4]);
+        assert_eq!(common.config_generation(), 1, "changed before activation");
+        assert!(irq.0.lock().unwrap().is_empty(), "no driver to tell yet");
+        let good = MockSplitQueue::create(&mem, GuestAddress(0), 16);
+        common
+            .activate(mem.clone(), vec![good.create_queue().unwrap()], irq.clone())
+            .unwrap();
+        common.set_config_space(vec![5, 6]);
+        assert_eq!(
+            (common.config_space(), common.config_generation()),
+            (&[5u8, 6][..], 2)
+        );
+        assert_eq!(*irq.0.lock().unwrap(), vec![InterruptKind::Config]);
+        assert_eq!(metrics.activate_fails.take(), 0);
     }
 }

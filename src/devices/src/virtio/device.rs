@@ -20,7 +20,7 @@ pub enum ActivateError {
 /// the driver starts, resets or a snapshot restores it, and a configuration space it keeps
 /// itself. The transport (virtio-mmio)
 /// drives the device through this trait and knows nothing else of it.
-pub trait VirtioDevice: Send + std::fmt::Debug {
+pub trait VirtioDevice: Send {
     fn common(&self) -> &VirtioCommon;
     fn common_mut(&mut self) -> &mut VirtioCommon;
     /// The virtio device ID (2 for block, ...).
