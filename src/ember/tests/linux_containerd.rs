@@ -414,9 +414,7 @@ fn linux_containerd_gives_a_sandbox_its_cni_network() {
     // second pod's sandbox restores it; each guest has its own pod's address and MAC.
     c.use_template(true);
     run_in_pod(&pod, "cni2", &address, mac.trim());
-    let Some(pod2) = common::netns::NetNs::new_or_skip(test) else {
-        return;
-    };
+    let pod2 = or_skip!(common::netns::NetNs::new_or_skip);
     let added2: serde_json::Value = serde_json::from_str(&cni("ADD", &pod2, "cni3")).unwrap();
     let address2 = added2["ips"][0]["address"].as_str().unwrap().to_string();
     let mac2 = pod2.exec(&["cat", "/sys/class/net/eth0/address"]);

@@ -64,20 +64,14 @@ fn echo(tcp: &mut TcpStream, reader: &mut BufReader<TcpStream>, word: &str) -> S
 
 #[test]
 fn linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds() {
-    restored_in_a_new_process(
-        "linux_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds",
-        false,
-    );
+    restored_in_a_new_process(false);
 }
 
 /// The same with every device on the PCI bus (`--enable-pci`): the guest finds them there,
 /// not as virtio-mmio, and their MSI-X vectors and moved state survive the restore.
 #[test]
 fn linux_pci_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds() {
-    restored_in_a_new_process(
-        "linux_pci_guest_restored_in_a_new_process_keeps_its_connection_disk_clock_and_mmds",
-        true,
-    );
+    restored_in_a_new_process(true);
 }
 
 /// What the guest says of its buses: the PCI functions' device IDs in slot order and how
@@ -86,14 +80,10 @@ const BUSES: &str = "echo pci $(cat /sys/bus/pci/devices/*/device 2>/dev/null | 
                      echo msi $(grep -c PCI-MSI /proc/interrupts); \
                      echo mmio $(ls /sys/bus/platform/devices | grep -c virtio-mmio)";
 
-fn restored_in_a_new_process(test: &str, pci: bool) {
+fn restored_in_a_new_process(pci: bool) {
     let pci = pci || all_on_pci();
-    let Some(img) = linux_or_skip(test) else {
-        return;
-    };
-    let Some(ns) = NetNs::new_or_skip(test) else {
-        return;
-    };
+    let img = linux_images!();
+    let ns = or_skip!(NetNs::new_or_skip);
     ns.add_tap("tap0", Some("10.53.0.1/24"), 1500);
     let listener = ns
         .spawn(|| TcpListener::bind("10.53.0.1:7000").unwrap())

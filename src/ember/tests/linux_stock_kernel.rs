@@ -14,31 +14,21 @@ use serde_json::json;
 
 #[test]
 fn linux_stock_cloud_kernel_finds_its_disks_through_acpi_and_powers_off() {
-    stock_kernel(
-        "linux_stock_cloud_kernel_finds_its_disks_through_acpi_and_powers_off",
-        false,
-    );
+    stock_kernel(false);
 }
 
 #[test]
 fn linux_stock_cloud_kernel_finds_its_disks_on_pci_through_acpi_with_enable_pci() {
-    stock_kernel(
-        "linux_stock_cloud_kernel_finds_its_disks_on_pci_through_acpi_with_enable_pci",
-        true,
-    );
+    stock_kernel(true);
 }
 
-fn stock_kernel(test: &str, pci: bool) {
-    let Some(images) = linux_or_skip(test) else {
-        return;
-    };
+fn stock_kernel(pci: bool) {
+    let images = linux_images!();
     if vmm::pvm::host_is_pvm() {
-        skip(test, "a stock kernel stops at its first user-mode system call on a kvm_pvm host (docs/pvm.md)");
+        skip(&test_name(), "a stock kernel stops at its first user-mode system call on a kvm_pvm host (docs/pvm.md)");
         return;
     }
-    let Some(stock) = stock_kernel_or_skip(test) else {
-        return;
-    };
+    let stock = or_skip!(stock_kernel_or_skip);
     let s = Scratch::new("stock-kernel");
     let root = s.path("rootfs.ext4");
     std::fs::copy(images.file("rootfs.ext4"), &root).unwrap();

@@ -103,9 +103,7 @@ fn linux_full_run_makes_only_the_system_calls_its_threads_filters_allow() {
         );
         return;
     }
-    let Some(ns) = NetNs::new_or_skip(test) else {
-        return;
-    };
+    let ns = or_skip!(NetNs::new_or_skip);
     ns.add_tap("tap0", Some("10.70.1.1/24"), 1500);
     let s = Scratch::new("seccomp-audit");
     let data = s.file("data.img", &noise(1 << 20, 7));
