@@ -176,6 +176,18 @@ fn body<T: for<'a> Deserialize<'a>>(req: &Request, section: &str) -> Result<T, R
     parse_json_in(text, Some(section)).map_err(|e| config_error(&e))
 }
 
+/// The body of a request on `/{section}/{id}` (`segments`), which must name the same ID.
+fn body_for_id<T: for<'a> Deserialize<'a>>(
+    req: &Request,
+    segments: &[&str],
+    id_of: fn(&T) -> &String,
+    invalid: fn(String) -> ConfigError,
+) -> Result<T, Response> {
+    let parsed: T = body(req, segments[0])?;
+    path_id(segments[1], id_of(&parsed), invalid)?;
+    Ok(parsed)
+}
+
 /// Firecracker's checks of an ID in the path, and that the body names the same ID.
 fn path_id(id: &str, in_body: &str, invalid: fn(String) -> ConfigError) -> Result<(), Response> {
     if id.is_empty() {
@@ -240,24 +252,20 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
             VmmAction::PutBootSource(body::<BootSourceConfig>(req, "boot-source")?)
         }
         (Route::Drive, "PUT") => {
-            let drive: DriveConfig = body(req, "drives")?;
-            path_id(segments[1], &drive.drive_id, ConfigError::DriveId)?;
-            VmmAction::PutDrive(drive)
+            let id: fn(&DriveConfig) -> &String = |d| &d.drive_id;
+            VmmAction::PutDrive(body_for_id(req, segments, id, ConfigError::DriveId)?)
         }
         (Route::Drive, _) => {
-            let patch: PartialDrive = body(req, "drives")?;
-            path_id(segments[1], &patch.drive_id, ConfigError::DriveId)?;
-            VmmAction::PatchDrive(patch)
+            let id: fn(&PartialDrive) -> &String = |d| &d.drive_id;
+            VmmAction::PatchDrive(body_for_id(req, segments, id, ConfigError::DriveId)?)
         }
         (Route::NetworkInterface, "PUT") => {
-            let iface: NetworkInterfaceConfig = body(req, "network-interfaces")?;
-            path_id(segments[1], &iface.iface_id, ConfigError::IfaceId)?;
-            VmmAction::PutNetworkInterface(iface)
+            let id: fn(&NetworkInterfaceConfig) -> &String = |i| &i.iface_id;
+            VmmAction::PutNetworkInterface(body_for_id(req, segments, id, ConfigError::IfaceId)?)
         }
         (Route::NetworkInterface, _) => {
-            let patch: PartialNetworkInterface = body(req, "network-interfaces")?;
-            path_id(segments[1], &patch.iface_id, ConfigError::IfaceId)?;
-            VmmAction::PatchNetworkInterface(patch)
+            let id: fn(&PartialNetworkInterface) -> &String = |i| &i.iface_id;
+            VmmAction::PatchNetworkInterface(body_for_id(req, segments, id, ConfigError::IfaceId)?)
         }
         (Route::Mmds, "GET") => VmmAction::GetMmds,
         (Route::Mmds, "PUT") => VmmAction::PutMmds(body(req, "mmds")?),

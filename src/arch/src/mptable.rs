@@ -116,18 +116,19 @@ pub fn write<M: GuestMemory>(mem: &M, cpus: u8) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sum(bytes: &[u8]) -> u8 {
-        bytes.iter().fold(0u8, |s, b| s.wrapping_add(*b))
-    }
+    use crate::checksum::byte_sum;
 
     #[test]
     fn checksums_are_zero() {
         for cpus in [1, 2, 4, MAX_CPUS] {
             let bytes = build(cpus, MPTABLE_ADDR).unwrap();
-            assert_eq!(sum(&bytes[..16]), 0, "floating pointer, {cpus} cpus");
+            assert_eq!(byte_sum(&bytes[..16]), 0, "floating pointer, {cpus} cpus");
             let len = u16::from_le_bytes([bytes[20], bytes[21]]) as usize;
-            assert_eq!(sum(&bytes[16..16 + len]), 0, "config table, {cpus} cpus");
+            assert_eq!(
+                byte_sum(&bytes[16..16 + len]),
+                0,
+                "config table, {cpus} cpus"
+            );
             assert_eq!(bytes.len(), 16 + len);
         }
     }

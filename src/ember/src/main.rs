@@ -30,8 +30,10 @@ enum StartError {
     Api(#[from] api::server::Error),
     #[error("cannot start the API thread: {0}")]
     ApiThread(#[source] std::io::Error),
-    #[error("cannot read the configuration file {path}: {source}")]
-    ReadConfig {
+    /// `what`: "configuration" or "metadata".
+    #[error("cannot read the {what} file {path}: {source}")]
+    ReadFile {
+        what: &'static str,
         path: String,
         source: hostfile::Error,
     },
@@ -41,11 +43,6 @@ enum StartError {
     Start(#[source] vmm::rpc::StartError),
     #[error("cannot set up the VMM thread: {0}")]
     Controller(#[from] vmm::controller::Error),
-    #[error("cannot read the metadata file {path}: {source}")]
-    ReadMetadata {
-        path: String,
-        source: hostfile::Error,
-    },
     #[error("the metadata file {path}: {reason}")]
     Metadata { path: String, reason: String },
     #[error("cannot install the signal handlers: {0}")]
@@ -125,18 +122,23 @@ fn console() -> Result<Console, StartError> {
 /// A configuration file larger than this is not one (Firecracker's are a few KiB).
 const MAX_CONFIG_FILE: u64 = 1 << 20;
 
+/// The text of the `what` file at `path`, refused past `limit` bytes or if it is not a
+/// regular file.
+fn read_file(path: &str, limit: u64, what: &'static str) -> Result<String, StartError> {
+    hostfile::read_to_string(Path::new(path), limit).map_err(|source| StartError::ReadFile {
+        what,
+        path: path.to_string(),
+        source,
+    })
+}
+
 /// The MMDS data store, filled from `--metadata` if given (read up to the largest
 /// `--mmds-size-limit`; the store's own limit applies to what it holds).
 fn mmds_store(args: &cli::Args) -> Result<mmds::SharedStore, StartError> {
     let mut store = mmds::DataStore::new(args.mmds_limit());
     if let Some(path) = &args.metadata {
         let limit = cli::MAX_PAYLOAD_LIMIT as u64;
-        let text = hostfile::read_to_string(Path::new(path), limit).map_err(|source| {
-            StartError::ReadMetadata {
-                path: path.clone(),
-                source,
-            }
-        })?;
+        let text = read_file(path, limit, "metadata")?;
         let bad = |reason: String| StartError::Metadata {
             path: path.clone(),
             reason,
@@ -195,13 +197,7 @@ fn run() -> Result<i32, StartError> {
 
     let mut resources = match &args.config_file {
         Some(path) => {
-            let text =
-                hostfile::read_to_string(Path::new(path), MAX_CONFIG_FILE).map_err(|source| {
-                    StartError::ReadConfig {
-                        path: path.clone(),
-                        source,
-                    }
-                })?;
+            let text = read_file(path, MAX_CONFIG_FILE, "configuration")?;
             VmResources::from_json(&text)?
         }
         None => VmResources::default(),

@@ -24,6 +24,15 @@ fn configure(c: &mut Client, s: &Scratch, args: &str) {
     );
 }
 
+/// An ember running a test guest that [`configure`] set up with `args`.
+fn start_configured(s: &Scratch, args: &str) -> (Ember, Client) {
+    let ember = Ember::start(s, &[]);
+    let mut c = ember.client();
+    configure(&mut c, s, args);
+    c.instance_start();
+    (ember, c)
+}
+
 /// The guest lines that describe the machine (not the keys it was sent).
 fn machine_lines(ember: &Ember) -> Vec<String> {
     ember
@@ -36,10 +45,7 @@ fn machine_lines(ember: &Ember) -> Vec<String> {
 #[test]
 fn a_guest_configured_through_the_api_boots_and_its_config_replays() {
     let s = kvm_scratch!("api-boot");
-    let mut first = Ember::start(&s, &[]);
-    let mut c = first.client();
-    configure(&mut c, &s, "keyboard");
-    c.instance_start();
+    let (mut first, mut c) = start_configured(&s, "keyboard");
     first.wait_for("guest: keyboard waiting", BOOT);
     let lines = first.guest_lines();
     assert!(lines.contains(&"smp online=2".to_string()), "{lines:?}");
@@ -109,10 +115,7 @@ fn a_guest_configured_through_the_api_boots_and_its_config_replays() {
 #[test]
 fn pause_stops_the_guest_and_resume_lets_it_go_on() {
     let s = kvm_scratch!("api-pause");
-    let mut ember = Ember::start(&s, &[]);
-    let mut c = ember.client();
-    configure(&mut c, &s, "ticks nosmp");
-    c.instance_start();
+    let (mut ember, mut c) = start_configured(&s, "ticks nosmp");
     ember.wait_for("guest: tick 2", BOOT);
     assert_eq!(c.get("/").expect(200, "").json()["state"], "Running");
 

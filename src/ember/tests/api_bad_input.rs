@@ -28,8 +28,7 @@ fn refused(ember: &Ember, bytes: &[u8]) -> common::api::Reply {
 
 #[test]
 fn malformed_http_is_refused_and_the_connection_closed() {
-    let s = Scratch::new("bad-http");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("bad-http");
     for (bytes, status, text) in [
         (&b"GARBAGE\r\n\r\n"[..], 400, "request line"),
         (b"GET / HTTP/1.1 extra\r\n\r\n", 400, "request line"),
@@ -81,8 +80,7 @@ fn malformed_http_is_refused_and_the_connection_closed() {
 
 #[test]
 fn limits_on_the_header_block_and_the_body() {
-    let s = Scratch::new("bad-limits");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("bad-limits");
     let mut head = b"GET / HTTP/1.1\r\nX-Big: ".to_vec();
     head.extend(std::iter::repeat_n(b'a', 9000));
     head.extend(b"\r\n\r\n");
@@ -199,8 +197,7 @@ fn hostile_bodies_get_a_fault_message() {
 
 #[test]
 fn a_request_in_one_byte_writes_and_pipelined_requests() {
-    let s = Scratch::new("bad-slow");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("bad-slow");
     let mut c = ember.client();
     let body = r#"{"vcpu_count": 2, "mem_size_mib": 256}"#;
     let req = format!(
@@ -252,8 +249,7 @@ fn a_request_in_one_byte_writes_and_pipelined_requests() {
 
 #[test]
 fn idle_clients_and_a_hundred_at_once() {
-    let s = Scratch::new("bad-many");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("bad-many");
     // Clients that connect and never send, or send half a request, hold nobody up.
     let idle: Vec<Client> = (0..20).map(|_| ember.client()).collect();
     let mut half = ember.client();
@@ -280,8 +276,7 @@ fn idle_clients_and_a_hundred_at_once() {
 
 #[test]
 fn out_of_file_descriptors_the_server_waits_without_spinning() {
-    let s = Scratch::new("bad-fds");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("bad-fds");
     ember.client().get("/");
     let limit = ember.limit_open_files(20);
     // More clients than ember has descriptors left: the rest wait in the listen backlog.
@@ -303,8 +298,7 @@ fn out_of_file_descriptors_the_server_waits_without_spinning() {
 
 #[test]
 fn a_flood_of_bad_requests_does_not_grow_ember() {
-    let s = Scratch::new("bad-flood");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("bad-flood");
     let mut c = ember.client();
     for _ in 0..200 {
         c.request("PUT", "/machine-config", Some("{\"vcpu_count\": \"x\"}"));
@@ -336,19 +330,11 @@ fn a_flood_of_bad_requests_does_not_grow_ember() {
 
 #[test]
 fn the_socket_path_is_checked() {
-    let s = Scratch::new("bad-sock");
-    let first = Ember::start(&s, &[]);
+    let first = Ember::in_scratch("bad-sock");
     // A second ember on the same path refuses to start, and leaves the first one's socket.
     let run = run_args(&["--api-sock", first.sock.to_str().unwrap()]);
-    assert_eq!(run.status, Some(1));
-    assert!(run.stderr.contains("already exists"), "{}", run.stderr);
+    run.assert_refused("already exists");
     assert_eq!(first.client().get("/").status, 200);
     let run = run_args(&["--api-sock", "/nonexistent-dir/ember.sock"]);
-    assert_eq!(run.status, Some(1));
-    assert!(
-        run.stderr
-            .contains("cannot create the API socket /nonexistent-dir/ember.sock"),
-        "{}",
-        run.stderr
-    );
+    run.assert_refused("cannot create the API socket /nonexistent-dir/ember.sock");
 }

@@ -496,22 +496,10 @@ fn every_path_with_a_body_before_and_after_boot() {
 
     // The logger took its settings, and FlushMetrics wrote a line that counted the API.
     let log_text = std::fs::read_to_string(&log).unwrap();
-    let line = log_text
-        .lines()
-        .find(|l| l.contains("API request: InstanceStart"))
-        .unwrap_or_else(|| panic!("{log_text}"));
+    let line = line_with(&log_text, "API request: InstanceStart");
     assert!(line.contains(":DEBUG:src/vmm/src/controller.rs:"), "{line}");
-    let lines: Vec<Value> = std::fs::read_to_string(&metrics)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let sum = |section: &str, field: &str| -> u64 {
-        lines
-            .iter()
-            .map(|l| l[section][field].as_u64().unwrap())
-            .sum()
-    };
+    let lines = metrics_lines(std::path::Path::new(&metrics));
+    let sum = |section: &str, field: &str| metric_sum(&lines, section, field);
     assert!(sum("put_api_requests", "drive_count") >= 6, "{lines:?}");
     assert!(sum("put_api_requests", "drive_fails") >= 4, "{lines:?}");
     assert!(sum("api_server", "request_count") > 20, "{lines:?}");
@@ -520,8 +508,7 @@ fn every_path_with_a_body_before_and_after_boot() {
 
 #[test]
 fn gets_refuse_bodies_and_puts_need_them() {
-    let s = Scratch::new("conformance-bodies");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("conformance-bodies");
     let mut c = ember.client();
     for path in ["/", "/version", "/machine-config", "/vm/config"] {
         assert_eq!(c.get(path).status, 200, "{path}");
@@ -574,8 +561,7 @@ fn drive_ids_in_the_path_follow_firecracker() {
 
 #[test]
 fn unknown_paths_wrong_methods_and_later_features() {
-    let s = Scratch::new("conformance-paths");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("conformance-paths");
     let mut c = ember.client();
     let r = c.get("/no/such/path").expect(
         404,

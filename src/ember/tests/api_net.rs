@@ -141,13 +141,7 @@ fn a_config_file_with_an_interface_that_does_not_exist_is_refused() {
         "network-interfaces": [{"iface_id": "eth0", "host_dev_name": "ember-none0"}],
     });
     let run = run_config(&s, &config);
-    assert_eq!(run.status, Some(1));
-    assert!(
-        run.stderr
-            .contains("network interface eth0: there is no network device named ember-none0"),
-        "{}",
-        run.stderr
-    );
+    run.assert_refused("network interface eth0: there is no network device named ember-none0");
 }
 
 #[test]

@@ -159,10 +159,7 @@ fn the_logger_takes_its_level_format_and_module_filter() {
     let _ = raw.reply();
     c.get("/").expect(200, "");
     let text = std::fs::read_to_string(&log).unwrap();
-    let line = text
-        .lines()
-        .find(|l| l.contains("API request: GetMachineConfig"))
-        .unwrap_or_else(|| panic!("{text}"));
+    let line = line_with(&text, "API request: GetMachineConfig");
     assert!(line.contains(" [anonymous-instance:main:DEBUG] "), "{line}");
     assert!(!text.contains("malformed"), "{text}");
     assert!(text.lines().all(|l| l.contains(":DEBUG] ")), "{text}");

@@ -290,8 +290,7 @@ fn serial_output_to_a_closed_stdout_is_counted_not_logged_per_byte() {
 
 #[test]
 fn connection_churn_and_held_connections_never_lock_a_client_out() {
-    let s = Scratch::new("churn");
-    let ember = Ember::start(&s, &[]);
+    let ember = Ember::in_scratch("churn");
     // Held, idle connections: more than the server keeps open.
     let held: Vec<UnixStream> = (0..300)
         .map(|_| UnixStream::connect(&ember.sock).unwrap())

@@ -16,7 +16,10 @@ use serde_json::json;
 /// them inside a value.)
 const READ_KEYS: &str = r#"ember_cmd="exec 3</dev/input/event0; echo ember-keyboard-ready; (dd bs=24 count=1 <&3; sleep 1; dd bs=4096 count=1 <&3) 2>/dev/null | od -An -v -tu2 -w24 | while read s1 s2 s3 s4 u1 u2 u3 u4 t c v w; do [ $t = 1 ] && echo ember-key code=$c value=$v; done""#;
 
-fn configure(c: &mut Client, img: &Images, s: &Scratch, cmd: &str) {
+/// An ember running the Linux guest (2 vCPUs, 256 MiB, a root and a data drive) with `cmd`.
+fn start_configured(img: &Images, s: &Scratch, cmd: &str) -> (Ember, Client) {
+    let ember = Ember::start(s, &[]);
+    let mut c = ember.client();
     let root = s.path("rootfs.ext4");
     std::fs::copy(img.file("rootfs.ext4"), &root).unwrap();
     let data = s.file("data.img", &vec![0u8; 1 << 20]);
@@ -25,6 +28,8 @@ fn configure(c: &mut Client, img: &Images, s: &Scratch, cmd: &str) {
         &json!({"kernel_image_path": img.file("vmlinux"), "boot_args": format!("{} {cmd}", base_args(all_on_pci()))}),
         &[("rootfs", root.to_str().unwrap(), true), ("data", &data, false)],
     );
+    c.instance_start();
+    (ember, c)
 }
 
 /// Sends Ctrl+Alt+Del once the guest listens, and returns the key events it printed.
@@ -46,10 +51,7 @@ fn press_ctrl_alt_del(ember: &mut Ember, c: &mut Client) -> Vec<String> {
 fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
     let img = linux_images!();
     let s = Scratch::new("linux-api");
-    let mut ember = Ember::start(&s, &[]);
-    let mut c = ember.client();
-    configure(&mut c, &img, &s, READ_KEYS);
-    c.instance_start();
+    let (mut ember, mut c) = start_configured(&img, &s, READ_KEYS);
     ember.wait_for("ember-linux: cpus=2 ", linux_deadline());
     let config = c.get("/vm/config").expect(200, "").json();
     assert_eq!(config["machine-config"]["mem_size_mib"], 256);
@@ -84,11 +86,8 @@ fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
 fn linux_paused_makes_no_progress_until_resumed() {
     let img = linux_images!();
     let s = Scratch::new("linux-pause");
-    let mut ember = Ember::start(&s, &[]);
-    let mut c = ember.client();
     let cmd = r#"ember_cmd="i=0; while [ $i -lt 100000 ]; do echo ember-tick $i; i=$((i+1)); sleep 1; done""#;
-    configure(&mut c, &img, &s, cmd);
-    c.instance_start();
+    let (mut ember, mut c) = start_configured(&img, &s, cmd);
     ember.wait_for("ember-tick 2", linux_deadline());
     let count = |e: &Ember| e.stdout().matches("\nember-tick ").count();
 

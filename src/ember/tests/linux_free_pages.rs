@@ -32,6 +32,16 @@ fn linux_free_page_reporting_on_huge_pages_gives_whole_huge_pages_back() {
     reporting_gives_back(&img, Some(&pool));
 }
 
+/// Adds a balloon of 0 MiB with `feature` (`free_page_reporting` or `free_page_hinting`)
+/// on, which the configuration then shows, and starts the guest.
+fn start_with_balloon_feature(c: &mut Client, feature: &str) {
+    let mut balloon = json!({"amount_mib": 0, "deflate_on_oom": false});
+    balloon[feature] = true.into();
+    c.put("/balloon", &balloon).expect(204, "");
+    assert_eq!(c.get("/balloon").json()[feature], true);
+    c.instance_start();
+}
+
 /// Touches and frees 64 MiB in a 256 MiB guest with reporting on, and checks that ember's
 /// memory (RSS, or its huge pages) ends near where it was before.
 fn reporting_gives_back(img: &Images, huge: Option<&huge_pages::HugePool>) {
@@ -47,13 +57,7 @@ fn reporting_gives_back(img: &Images, huge: Option<&huge_pages::HugePool>) {
         c.patch("/machine-config", &json!({"huge_pages": "2M"}))
             .expect(204, "");
     }
-    c.put(
-        "/balloon",
-        &json!({"amount_mib": 0, "deflate_on_oom": false, "free_page_reporting": true}),
-    )
-    .expect(204, "");
-    assert_eq!(c.get("/balloon").json()["free_page_reporting"], true);
-    c.instance_start();
+    start_with_balloon_feature(&mut c, "free_page_reporting");
     let pid = ember.child.id();
     let held = |ember: &Ember| match huge {
         Some(_) => huge_pages::huge_resident_kib(pid),
@@ -116,13 +120,7 @@ fn linux_free_page_hinting_gives_free_memory_back_in_runs_the_host_starts() {
     let cmd = "echo before-touch; sleep 2; ember-agent touch 64; echo touched-once; sleep 30; \
                ember-agent touch 64; echo metrics-ready; sleep 2";
     configure(&mut c, &img, 1, 256, cmd);
-    c.put(
-        "/balloon",
-        &json!({"amount_mib": 0, "deflate_on_oom": false, "free_page_hinting": true}),
-    )
-    .expect(204, "");
-    assert_eq!(c.get("/balloon").json()["free_page_hinting"], true);
-    c.instance_start();
+    start_with_balloon_feature(&mut c, "free_page_hinting");
     ember.wait_for("\nbefore-touch", linux_deadline());
     let before = ember.rss_kib();
     ember.wait_for("\ntouched-once", linux_deadline());

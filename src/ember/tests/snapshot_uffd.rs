@@ -39,6 +39,13 @@ fn serve_memory_file(s: &Scratch, mem: &Path, state: &Path) -> (Served, serde_js
     (handler, body)
 }
 
+/// `b` loads the snapshot with `body` and resumes: its guest counts on from `last`.
+fn loads_and_counts_on(b: &common::api::Ember, body: &serde_json::Value, last: u64) {
+    b.client().put("/snapshot/load", body).expect(204, "");
+    wait_tick(b, last + 3, Duration::from_secs(30));
+    assert_eq!(ticks(b)[0], last + 1);
+}
+
 #[test]
 fn a_guest_restored_through_a_page_fault_handler_counts_on() {
     let s = kvm_scratch!("snapshot-uffd");
@@ -49,10 +56,7 @@ fn a_guest_restored_through_a_page_fault_handler_counts_on() {
 
     let (handler, body) = serve_memory_file(&s, &mem, &state);
     let mut b = ember_named(&s, "b");
-    let mut c = b.client();
-    c.put("/snapshot/load", &body).expect(204, "");
-    wait_tick(&b, last + 3, Duration::from_secs(30));
-    assert_eq!(ticks(&b)[0], last + 1);
+    loads_and_counts_on(&b, &body, last);
     assert_eq!(b.terminate(), Some(128 + libc::SIGTERM));
 
     let (regions, pages) = handler.join().unwrap();
@@ -94,12 +98,9 @@ fn a_guest_on_huge_pages_restores_through_a_page_fault_handler_only() {
 
     let (handler, body) = serve_memory_file(&s, &mem, &state);
     let mut b = ember_named(&s, "c");
-    let mut c = b.client();
-    c.put("/snapshot/load", &body).expect(204, "");
-    wait_tick(&b, last + 3, Duration::from_secs(30));
-    assert_eq!(ticks(&b)[0], last + 1);
+    loads_and_counts_on(&b, &body, last);
     assert_eq!(huge_pages::huge_mapped_kib(b.child.id()), 128 << 10);
-    assert_eq!(c.get("/machine-config").json()["huge_pages"], "2M");
+    assert_eq!(b.client().get("/machine-config").json()["huge_pages"], "2M");
     assert_eq!(b.terminate(), Some(128 + libc::SIGTERM));
 
     // The handler was told 2 MiB pages (in both fields, as Firecracker tells it) and filled

@@ -32,6 +32,28 @@ fn boot_on(s: &Scratch, engine: &str, drives: &[serde_json::Value]) -> Run {
     run
 }
 
+/// Boots on `engine`, in a scratch directory tagged `tag`, with a root drive and a second
+/// drive `id` (`{id}.img`), both `read_only` or not, each 64 KiB of noise (seeds `seed` and
+/// `seed + 1`). Returns the directory, the run and the second image's bytes as they were.
+fn boot_with_data_drive(
+    tag: &str,
+    engine: &str,
+    id: &str,
+    read_only: bool,
+    seed: u64,
+) -> (Scratch, Run, Vec<u8>) {
+    let s = Scratch::new(tag);
+    let root = s.file("root.img", &noise(64 << 10, seed));
+    let bytes = noise(64 << 10, seed + 1);
+    let data = s.file(&format!("{id}.img"), &bytes);
+    let drives = [
+        drive("rootfs", &root, true, read_only),
+        drive(id, &data, false, read_only),
+    ];
+    let run = boot_on(&s, engine, &drives);
+    (s, run, bytes)
+}
+
 fn config(drives: &[serde_json::Value]) -> serde_json::Value {
     json!({
         "boot-source": {"kernel_image_path": test_guest::PVH_ELF, "boot_args": "console=ttyS0 nosmp"},
@@ -91,23 +113,12 @@ fn a_write_to_a_data_disk_lands_in_its_image_byte_for_byte() {
 fn a_read_only_drive_refuses_writes_and_its_image_is_unchanged() {
     require_kvm!();
     for engine in ENGINES {
-        let s = Scratch::new("ro");
-        let root = s.file("root.img", &noise(64 << 10, 3));
-        let ro_bytes = noise(64 << 10, 5);
-        let ro = s.file("ro.img", &ro_bytes);
-        let run = boot_on(
-            &s,
-            engine,
-            &[
-                drive("rootfs", &root, true, true),
-                drive("golden", &ro, false, true),
-            ],
-        );
+        let (s, run, ro_bytes) = boot_with_data_drive("ro", engine, "golden", true, 3);
         assert_eq!(run.value("blk1 id=", "ro"), "1", "VIRTIO_BLK_F_RO offered");
         assert_eq!(run.value("blk1 write", "status"), "1", "VIRTIO_BLK_S_IOERR");
         assert_eq!(run.value("blk1 readback", "match"), "0");
         assert_eq!(
-            read(&s.path("ro.img")),
+            read(&s.path("golden.img")),
             ro_bytes,
             "the read-only image is unchanged"
         );
@@ -151,18 +162,7 @@ fn data_disks_show_their_drive_ids_as_serials() {
 fn bad_requests_from_the_guest_get_device_errors_and_leave_the_disk_alone() {
     require_kvm!();
     for engine in ENGINES {
-        let s = Scratch::new("hostile");
-        let root = s.file("root.img", &noise(64 << 10, 9));
-        let data_bytes = noise(64 << 10, 10);
-        let data = s.file("data.img", &data_bytes);
-        let run = boot_on(
-            &s,
-            engine,
-            &[
-                drive("rootfs", &root, true, false),
-                drive("data", &data, false, false),
-            ],
-        );
+        let (s, run, data_bytes) = boot_with_data_drive("hostile", engine, "data", false, 9);
         for disk in ["blk0", "blk1"] {
             assert_eq!(
                 run.value(&format!("{disk} pastend"), "status"),

@@ -8,7 +8,6 @@ mod common;
 use std::io::Read;
 use std::os::unix::net::UnixListener;
 
-use common::linux::{metric_sum, metrics_lines};
 use common::*;
 use serde_json::json;
 

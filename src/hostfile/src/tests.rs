@@ -2,13 +2,13 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use vmm_sys_util::tempdir::TempDir;
+
 use super::*;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hostfile-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory, removed when the test ends (passed or not).
+fn scratch(name: &str) -> TempDir {
+    TempDir::new_with_prefix(std::env::temp_dir().join(format!("hostfile-{name}-"))).unwrap()
 }
 
 fn fifo(dir: &Path) -> PathBuf {
@@ -24,7 +24,7 @@ fn fifo(dir: &Path) -> PathBuf {
 #[test]
 fn a_fifo_is_refused_at_once_for_every_use() {
     let dir = scratch("fifo");
-    let path = fifo(&dir);
+    let path = fifo(dir.as_path());
     let started = Instant::now();
     let e = read(&path, 1 << 20).unwrap_err();
     assert_eq!(e.to_string(), "it is a FIFO, not a regular file");
@@ -36,7 +36,6 @@ fn a_fifo_is_refused_at_once_for_every_use() {
     let e = create(&path).unwrap_err();
     assert_eq!(e.to_string(), "it is a FIFO, not a regular file");
     assert!(started.elapsed() < Duration::from_secs(1));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -58,31 +57,29 @@ fn devices_and_directories_are_refused_and_never_read() {
 #[test]
 fn reads_stop_at_the_limit_and_say_so() {
     let dir = scratch("limit");
-    let path = dir.join("f");
+    let path = dir.as_path().join("f");
     std::fs::write(&path, vec![b'x'; 4097]).unwrap();
     let e = read(&path, 4096).unwrap_err();
     assert_eq!(e.to_string(), "it is over the limit of 4096 bytes");
     assert_eq!(read(&path, 4097).unwrap().len(), 4097);
     std::fs::write(&path, [0xff, 0xfe]).unwrap();
     assert!(matches!(read_to_string(&path, 10), Err(Error::NotText)));
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn create_truncates_a_regular_file() {
     let dir = scratch("create");
-    let path = dir.join("out");
+    let path = dir.as_path().join("out");
     std::fs::write(&path, b"old contents").unwrap();
     let mut f = create(&path).unwrap();
     std::io::Write::write_all(&mut f, b"new").unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"new");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn connect_refuses_a_listener_that_never_accepts_instead_of_waiting() {
     let dir = scratch("connect");
-    let path = dir.join("sock");
+    let path = dir.as_path().join("sock");
     let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     // Fill the backlog (its length is the kernel's somaxconn at most): connections succeed
     // until it is full, then connect() says so at once.
@@ -97,17 +94,14 @@ fn connect_refuses_a_listener_that_never_accepts_instead_of_waiting() {
     };
     assert!(matches!(e, Error::Busy), "{e}");
     assert!(started.elapsed() < Duration::from_secs(5));
-    let e = connect(&dir, Duration::from_secs(1)).unwrap_err();
+    let e = connect(dir.as_path(), Duration::from_secs(1)).unwrap_err();
     assert_eq!(e.to_string(), "it is a directory, not a socket");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn a_nonblocking_connect_reaches_a_listener_and_fails_cleanly_without_one() {
-    let dir = std::env::temp_dir().join(format!("ember-hostfile-connect-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("l");
-    let _ = std::fs::remove_file(&path);
+    let tmp = scratch("nonblocking");
+    let path = tmp.as_path().join("l");
     let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
     let mut s = connect_nonblocking(&path).unwrap();
     let (mut peer, _) = listener.accept().unwrap();
@@ -116,24 +110,23 @@ fn a_nonblocking_connect_reaches_a_listener_and_fails_cleanly_without_one() {
     let mut b = [0u8; 2];
     peer.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"hi");
-    let missing = connect_nonblocking(&dir.join("missing")).unwrap_err();
+    let missing = connect_nonblocking(&tmp.as_path().join("missing")).unwrap_err();
     assert_eq!(missing.kind(), std::io::ErrorKind::NotFound);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn outputs_append_to_files_fifos_and_devices_and_refuse_the_rest() {
     let dir = scratch("output");
-    let path = dir.join("out.log");
+    let path = dir.as_path().join("out.log");
     std::fs::write(&path, b"old\n").unwrap();
     std::io::Write::write_all(&mut open_output(&path).unwrap(), b"new\n").unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"old\nnew\n", "appended");
-    let created = dir.join("fresh.log");
+    let created = dir.as_path().join("fresh.log");
     open_output(&created).unwrap();
     assert!(created.exists());
     // A FIFO with no reader opens at once, and a full one answers EAGAIN, not a wait.
     let started = Instant::now();
-    let mut pipe = open_output(&fifo(&dir)).unwrap();
+    let mut pipe = open_output(&fifo(dir.as_path())).unwrap();
     let chunk = [7u8; 4096];
     let full = loop {
         match std::io::Write::write(&mut pipe, &chunk) {
@@ -143,10 +136,9 @@ fn outputs_append_to_files_fifos_and_devices_and_refuse_the_rest() {
     };
     assert_eq!(full.kind(), std::io::ErrorKind::WouldBlock);
     open_output(Path::new("/dev/null")).unwrap();
-    let e = open_output(&dir).unwrap_err();
+    let e = open_output(dir.as_path()).unwrap_err();
     assert!(
         e.to_string().contains("Is a directory") || e.to_string().contains("a directory"),
         "{e}"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -84,7 +84,7 @@ pub enum Error {
     Dynamic { path: String, interp: String },
     #[error("the exec file {0} cannot be read: {1}")]
     ReadExec(String, String),
-    #[error("--{flag} {value:?} is neither a number nor a {kind} known to this host")]
+    #[error("{flag} {value:?} is neither a number nor a {kind} known to this host")]
     NoSuchId {
         flag: &'static str,
         value: String,
@@ -146,6 +146,17 @@ fn lookup(value: &str, db: &str) -> Option<u32> {
         (fields.next()? == value).then_some(())?;
         fields.nth(1)?.parse().ok()
     })
+}
+
+/// `--uid` or `--gid` (`flag`), required: a number, or the name of a `kind` in `db`.
+fn host_id(
+    value: Option<String>,
+    flag: &'static str,
+    db: &str,
+    kind: &'static str,
+) -> Result<u32, Error> {
+    let value = value.ok_or(Error::Required(flag))?;
+    lookup(&value, db).ok_or(Error::NoSuchId { flag, value, kind })
 }
 
 /// An executable larger than this is not a VMM (a debug build of ember is about 35 MB).
@@ -298,18 +309,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Command, Error> 
         return Err(Error::Id(out.id));
     }
     out.exec_file = check_exec(&exec.ok_or(Error::Required("--exec-file"))?)?;
-    let uid = uid.ok_or(Error::Required("--uid"))?;
-    out.uid = lookup(&uid, "/etc/passwd").ok_or(Error::NoSuchId {
-        flag: "uid",
-        value: uid,
-        kind: "user",
-    })?;
-    let gid = gid.ok_or(Error::Required("--gid"))?;
-    out.gid = lookup(&gid, "/etc/group").ok_or(Error::NoSuchId {
-        flag: "gid",
-        value: gid,
-        kind: "group",
-    })?;
+    out.uid = host_id(uid, "--uid", "/etc/passwd", "user")?;
+    out.gid = host_id(gid, "--gid", "/etc/group", "group")?;
     let base = out.chroot_base.display().to_string();
     if !out.chroot_base.is_absolute() {
         return Err(Error::RelativeBase(base));

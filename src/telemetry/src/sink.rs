@@ -81,29 +81,27 @@ mod tests {
     use super::*;
     use std::io::Read;
 
-    fn scratch(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("ember-sink-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A fresh directory, removed when the test ends (passed or not).
+    fn scratch(name: &str) -> vmm_sys_util::tempdir::TempDir {
+        let prefix = std::env::temp_dir().join(format!("ember-sink-{name}-"));
+        vmm_sys_util::tempdir::TempDir::new_with_prefix(prefix).unwrap()
     }
 
     #[test]
     fn a_file_gets_whole_lines_appended() {
         let dir = scratch("file");
-        let path = dir.join("log");
+        let path = dir.as_path().join("log");
         std::fs::write(&path, b"old\n").unwrap();
         let mut sink = LineSink::open(&path).unwrap();
         assert!(sink.write_line(b"one\n"));
         assert!(sink.write_line(b"two\n"));
         assert_eq!(std::fs::read(&path).unwrap(), b"old\none\ntwo\n");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn a_fifo_without_a_reader_or_full_never_blocks_and_keeps_lines_whole() {
         let dir = scratch("fifo");
-        let path = dir.join("fifo");
+        let path = dir.as_path().join("fifo");
         let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
         // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
@@ -151,6 +149,5 @@ mod tests {
             .iter()
             .all(|l| l.len() == 1000 && l.bytes().all(|b| b == b'x')));
         assert_eq!(lines.len(), written + 1);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

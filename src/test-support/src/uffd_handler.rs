@@ -149,6 +149,17 @@ impl Handler {
         }
     }
 
+    /// Copies `len` bytes at host address `src` into the guest page at `dst`, waking it.
+    fn copy(&self, dst: u64, src: u64, len: u64) -> std::io::Result<()> {
+        let mut copy = UffdioCopy {
+            dst,
+            src,
+            len,
+            ..Default::default()
+        };
+        uffd_ioctl(self.uffd.as_raw_fd(), UFFDIO_COPY, &mut copy)
+    }
+
     /// Fills the page holding host address `addr` from the file (or with zeros once removed).
     fn fill(&mut self, addr: u64) -> std::io::Result<()> {
         let Some(region) = self
@@ -164,8 +175,11 @@ impl Handler {
         let addr = addr & !(page - 1);
         let zero = self.removed.iter().any(|&(s, e)| addr >= s && addr < e);
         let file_offset = region.offset + (addr - region.base_host_virt_addr);
-        let result = if zero || file_offset + page > self.file_len as u64 {
-            if page == 4096 {
+        let from_file = !zero && file_offset + page <= self.file_len as u64;
+        let result = match (from_file, page) {
+            // In bounds: checked against the file's length just above.
+            (true, _) => self.copy(addr, self.file_map as u64 + file_offset, page),
+            (false, 4096) => {
                 let mut z = UffdioZeropage {
                     range: UffdioRange {
                         start: addr,
@@ -174,24 +188,9 @@ impl Handler {
                     ..Default::default()
                 };
                 uffd_ioctl(self.uffd.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z)
-            } else {
-                let mut copy = UffdioCopy {
-                    dst: addr,
-                    src: self.zeros.as_ptr() as u64,
-                    len: page,
-                    ..Default::default()
-                };
-                uffd_ioctl(self.uffd.as_raw_fd(), UFFDIO_COPY, &mut copy)
             }
-        } else {
-            let mut copy = UffdioCopy {
-                dst: addr,
-                // In bounds: checked against the file's length just above.
-                src: self.file_map as u64 + file_offset,
-                len: page,
-                ..Default::default()
-            };
-            uffd_ioctl(self.uffd.as_raw_fd(), UFFDIO_COPY, &mut copy)
+            // Huge pages have no zero page: copied from a buffer of zeros.
+            (false, _) => self.copy(addr, self.zeros.as_ptr() as u64, page),
         };
         match result {
             Ok(()) => {

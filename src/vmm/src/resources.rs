@@ -382,11 +382,11 @@ impl VmResources {
 
     /// Records a `PATCH` that the running drive took, for `GET /vm/config`.
     pub fn patch_drive(&mut self, patch: &PartialDrive) {
-        if let Some(d) = self
+        let drive = self
             .drives
             .iter_mut()
-            .find(|d| d.drive_id == patch.drive_id)
-        {
+            .find(|d| d.drive_id == patch.drive_id);
+        if let Some(d) = drive {
             if let Some(path) = &patch.path_on_host {
                 d.path_on_host = path.clone();
             }
@@ -398,11 +398,8 @@ impl VmResources {
 
     /// Records a `PATCH` that the running interface took, for `GET /vm/config`.
     pub fn patch_network_interface(&mut self, patch: &PartialNetworkInterface) {
-        if let Some(i) = self
-            .network_interfaces
-            .iter_mut()
-            .find(|i| i.iface_id == patch.iface_id)
-        {
+        let ifaces = &mut self.network_interfaces;
+        if let Some(i) = ifaces.iter_mut().find(|i| i.iface_id == patch.iface_id) {
             if let Some(l) = &patch.rx_rate_limiter {
                 i.rx_rate_limiter = RateLimiterConfig::patched(i.rx_rate_limiter, l);
             }

@@ -87,10 +87,7 @@ pub fn write<M: GuestMemory>(mem: &M, machine: &Machine) -> Result<u64, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sum(bytes: &[u8]) -> u8 {
-        bytes.iter().fold(0u8, |s, b| s.wrapping_add(*b))
-    }
+    use crate::checksum::byte_sum;
 
     fn u64_at(b: &[u8], off: usize) -> u64 {
         u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
@@ -135,12 +132,12 @@ mod tests {
         let mut seen = Vec::new();
         for i in 0..(xsdt.len() - 36) / 8 {
             let table = at(u64_at(xsdt, 36 + 8 * i));
-            assert_eq!(sum(table), 0);
+            assert_eq!(byte_sum(table), 0);
             seen.push(table[..4].to_vec());
             if &table[..4] == b"FACP" {
                 let dsdt = at(u64_at(table, 140));
                 assert_eq!(&dsdt[..4], b"DSDT");
-                assert_eq!(sum(dsdt), 0);
+                assert_eq!(byte_sum(dsdt), 0);
             }
         }
         let expected: Vec<Vec<u8>> = expected.iter().map(|s| s.to_vec()).collect();

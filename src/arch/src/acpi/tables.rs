@@ -121,10 +121,7 @@ pub fn mcfg(ecam: u64, len: u64) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sum(bytes: &[u8]) -> u8 {
-        bytes.iter().fold(0u8, |s, b| s.wrapping_add(*b))
-    }
+    use crate::checksum::byte_sum;
 
     #[test]
     fn the_mcfg_names_one_ecam_window_for_bus_0() {
@@ -146,7 +143,7 @@ mod tests {
             sdt(b"DSDT", 2, b"EMBERDSD", &[1, 2, 3]),
             mcfg(0xe000_0000, 0x10_0000),
         ] {
-            assert_eq!(sum(&t), 0, "{:?}", &t[..4]);
+            assert_eq!(byte_sum(&t), 0, "{:?}", &t[..4]);
             assert_eq!(
                 u32::from_le_bytes(t[4..8].try_into().unwrap()) as usize,
                 t.len()
@@ -159,8 +156,8 @@ mod tests {
     fn the_rsdp_has_both_checksums() {
         let r = rsdp(0xe0040);
         assert_eq!(r.len(), 36);
-        assert_eq!(sum(&r[..20]), 0);
-        assert_eq!(sum(&r), 0);
+        assert_eq!(byte_sum(&r[..20]), 0);
+        assert_eq!(byte_sum(&r), 0);
         assert_eq!(u64::from_le_bytes(r[24..32].try_into().unwrap()), 0xe0040);
     }
 

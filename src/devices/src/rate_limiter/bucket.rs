@@ -165,6 +165,13 @@ mod tests {
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000 * MS;
 
+    /// 1000 tokens a second, all taken at time 0.
+    fn emptied() -> TokenBucket {
+        let mut b = bucket(1000, 0, 1000);
+        assert!(b.reduce(1000, 0));
+        b
+    }
+
     fn bucket(size: u64, burst: u64, refill_ms: u64) -> TokenBucket {
         let spec = TokenBucketConfig {
             size,
@@ -202,8 +209,7 @@ mod tests {
 
     #[test]
     fn starts_full_and_refills_at_size_per_refill_time() {
-        let mut b = bucket(1000, 0, 1000);
-        assert!(b.reduce(1000, 0));
+        let mut b = emptied();
         assert!(!b.reduce(1, 0));
         // 1 ms earns 1 token.
         assert!(!b.reduce(2, MS));
@@ -278,8 +284,7 @@ mod tests {
 
     #[test]
     fn wait_ns_is_exactly_the_time_until_reduce_succeeds() {
-        let mut b = bucket(1000, 0, 1000);
-        assert!(b.reduce(1000, 0));
+        let mut b = emptied();
         assert!(!b.reduce(400, 123));
         let wait = b.wait_ns(400, 123);
         assert!(!b.reduce(400, 123 + wait - 1));

@@ -194,6 +194,8 @@ pub struct Ember {
     /// Set once stdout has ended (ember exited): nothing more can come.
     stdout_ended: Arc<AtomicBool>,
     stderr: Arc<Mutex<String>>,
+    /// The scratch directory of [`Ember::in_scratch`]: dropped after the ember is killed.
+    own_dir: Option<Scratch>,
 }
 
 /// Gathers what `from` gives, on a thread; the flag is set at its end.
@@ -221,6 +223,15 @@ impl Ember {
     /// for the socket to appear.
     pub fn start(scratch: &Scratch, extra: &[&str]) -> Ember {
         Ember::start_in(scratch, extra, None)
+    }
+
+    /// An ember with no arguments whose socket is in its own scratch directory tagged `tag`,
+    /// removed with it: for tests that need no other file.
+    pub fn in_scratch(tag: &str) -> Ember {
+        let dir = Scratch::new(tag);
+        let mut ember = Ember::start(&dir, &[]);
+        ember.own_dir = Some(dir);
+        ember
     }
 
     /// [`Ember::start`] inside network namespace `netns` (as the jailer's `--netns` would).
@@ -258,6 +269,7 @@ impl Ember {
             stdout,
             stdout_ended,
             stderr,
+            own_dir: None,
         };
         let started = Instant::now();
         while !ember.sock.exists() {

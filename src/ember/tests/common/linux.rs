@@ -96,23 +96,6 @@ pub fn field(line: &str, key: &str) -> u64 {
     panic!("no {key} in {line:?}");
 }
 
-/// Every metrics line written so far, parsed.
-pub fn metrics_lines(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// The sum over all lines of a counter (each line holds what changed since the last).
-pub fn metric_sum(lines: &[Value], section: &str, field: &str) -> u64 {
-    lines
-        .iter()
-        .map(|l| l[section][field].as_u64().unwrap_or(0))
-        .sum()
-}
-
 /// Machine, boot source (with `cmd` for the guest's init) and the read-only root drive.
 pub fn configure(c: &mut super::api::Client, img: &Images, vcpus: u8, mib: u32, cmd: &str) {
     configure_bus(c, img, vcpus, mib, cmd, super::all_on_pci());
@@ -166,7 +149,7 @@ pub fn flush_and_finish(
     ember.wait_for("\nmetrics-ready", linux_deadline());
     c.put("/actions", &json!({"action_type": "FlushMetrics"}))
         .expect(204, "");
-    let flushed = metrics_lines(metrics);
+    let flushed = super::metrics_lines(metrics);
     ember.wait_clean_exit(linux_deadline());
     let lines = command_lines(&ember.stdout());
     eprintln!("{lines:#?}");

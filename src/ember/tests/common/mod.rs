@@ -54,6 +54,30 @@ pub fn test_name() -> String {
     name.rsplit("::").next().unwrap_or(name).to_string()
 }
 
+/// Every metrics line written so far, parsed.
+pub fn metrics_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The sum over all lines of a counter (each line holds what changed since the last).
+pub fn metric_sum(lines: &[serde_json::Value], section: &str, field: &str) -> u64 {
+    lines
+        .iter()
+        .map(|l| l[section][field].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The first line of `text` that contains `needle`, or a panic that shows `text`.
+pub fn line_with<'a>(text: &'a str, needle: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{text}"))
+}
+
 /// Ends the test (after its SKIPPED line) on a host whose KVM cannot be opened.
 #[macro_export]
 macro_rules! require_kvm {
@@ -185,6 +209,12 @@ impl Run {
             self.stdout,
             self.stderr
         );
+    }
+
+    /// Fails the test unless ember refused to run (status 1) and said `text` on stderr.
+    pub fn assert_refused(&self, text: &str) {
+        assert_eq!(self.status, Some(1), "{}", self.stderr);
+        assert!(self.stderr.contains(text), "{}", self.stderr);
     }
 
     /// The guest's report lines, without the "guest: " prefix.

@@ -1,3 +1,5 @@
+use vmm_sys_util::tempdir::TempDir;
+
 use super::*;
 
 fn parse_list(list: &[&str]) -> Result<Command, Error> {
@@ -32,17 +34,15 @@ fn fake_elf(dir: &Path, interp: Option<&str>) -> PathBuf {
     path
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("jailer-args-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory, removed when the test ends (passed or not).
+fn scratch(name: &str) -> TempDir {
+    TempDir::new_with_prefix(std::env::temp_dir().join(format!("jailer-args-{name}-"))).unwrap()
 }
 
 #[test]
 fn a_full_command_line_and_its_defaults() {
     let dir = scratch("full");
-    let exec = fake_elf(&dir, None);
+    let exec = fake_elf(dir.as_path(), None);
     let exec = exec.to_str().unwrap();
     let Command::Run(a) = parse_list(&[
         "--id",
@@ -80,9 +80,9 @@ fn a_full_command_line_and_its_defaults() {
 #[test]
 fn bad_arguments_are_refused_with_the_reason() {
     let dir = scratch("bad");
-    let exec = fake_elf(&dir, None);
+    let exec = fake_elf(dir.as_path(), None);
     let exec = exec.to_str().unwrap();
-    let dynamic = fake_elf(&dir, Some("/lib64/ld-linux-x86-64.so.2"));
+    let dynamic = fake_elf(dir.as_path(), Some("/lib64/ld-linux-x86-64.so.2"));
     let base = |extra: &[&str]| {
         let mut v = vec![
             "--id",
@@ -152,7 +152,7 @@ fn bad_arguments_are_refused_with_the_reason() {
     ]);
     assert!(matches!(
         e.unwrap_err(),
-        Error::NoSuchId { flag: "uid", .. }
+        Error::NoSuchId { flag: "--uid", .. }
     ));
     assert_eq!(
         parse_list(&["--exec-file", exec]).unwrap_err(),

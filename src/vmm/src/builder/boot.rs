@@ -12,14 +12,18 @@ use super::BuildError;
 use crate::memory::GuestMemory;
 
 pub(super) fn load_kernel(mem: &GuestMemory, path: &str) -> Result<KernelEntry, BuildError> {
-    let mut file =
-        hostfile::open(Path::new(path), hostfile::Kind::Regular, false).map_err(|source| {
-            BuildError::OpenKernel {
-                path: path.to_string(),
-                source,
-            }
-        })?;
+    let mut file = open(path, "kernel image")?;
     Ok(arch::loader::load_kernel(mem, &mut file)?)
+}
+
+fn open(path: &str, what: &'static str) -> Result<std::fs::File, BuildError> {
+    hostfile::open(Path::new(path), hostfile::Kind::Regular, false).map_err(|source| {
+        BuildError::Open {
+            what,
+            path: path.to_string(),
+            source,
+        }
+    })
 }
 
 /// Loads the initrd below `low_ram_end`, where the kernel can reach it.
@@ -29,13 +33,7 @@ pub(super) fn load_initrd(
     kernel: &KernelEntry,
     low_ram_end: u64,
 ) -> Result<InitrdPlacement, BuildError> {
-    let mut file =
-        hostfile::open(Path::new(path), hostfile::Kind::Regular, false).map_err(|source| {
-            BuildError::OpenInitrd {
-                path: path.to_string(),
-                source,
-            }
-        })?;
+    let mut file = open(path, "initrd")?;
     Ok(arch::loader::load_initrd(
         mem,
         &mut file,

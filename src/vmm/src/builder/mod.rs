@@ -33,13 +33,10 @@ pub enum BuildError {
     Memory(#[from] memory::Error),
     #[error(transparent)]
     Vm(#[from] vm::Error),
-    #[error("cannot open the kernel image {path}: {source}")]
-    OpenKernel {
-        path: String,
-        source: hostfile::Error,
-    },
-    #[error("cannot open the initrd {path}: {source}")]
-    OpenInitrd {
+    /// `what`: "kernel image" or "initrd".
+    #[error("cannot open the {what} {path}: {source}")]
+    Open {
+        what: &'static str,
         path: String,
         source: hostfile::Error,
     },
@@ -145,15 +142,9 @@ pub fn build(resources: &VmResources, host: &Host) -> Result<MicroVm, BuildError
 
     let mem = memory::create(mem_bytes, machine.huge_pages)?;
     let track_dirty = machine.track_dirty_pages;
-    let vm = Vm::new(&mem, track_dirty)?;
-    let ctx = Context {
-        vm: &vm,
-        mem: &mem,
-        resources,
-        host,
-    };
-    let parts = assemble(&ctx, mem_bytes, boot)?;
-    Ok(MicroVm::new(parts, mem, vm, track_dirty))
+    in_new_vm(resources, host, mem, track_dirty, |ctx| {
+        assemble(ctx, mem_bytes, boot)
+    })
 }
 
 /// Rebuilds a snapshot's microVM from `resources` (its configuration, overrides applied) on
@@ -167,6 +158,32 @@ pub fn restore(
     clock_realtime: bool,
     host: &Host,
 ) -> Result<MicroVm, BuildError> {
+    in_new_vm(resources, host, mem, track_dirty, |ctx| {
+        let parts = rebuild(ctx, state)?;
+        // KVM needs guest memory in place for some MSRs (kvmclock, async PF, PV EOI, steal
+        // time).
+        for (vcpu, saved) in parts.vcpus.iter().zip(&state.vcpus) {
+            vcpu.restore_state(saved)?;
+        }
+        crate::snapshot::state::restore_vm(ctx.vm.fd(), &state.vm, clock_realtime)?;
+        for transport in &parts.devices.transports {
+            devices::bus::lock(transport).announce_restore();
+        }
+        for transport in &parts.devices.pci_transports {
+            devices::bus::lock(transport).announce_restore();
+        }
+        Ok(parts)
+    })
+}
+
+/// A KVM VM over `mem`, its parts made by `make`, and the microVM that owns them all.
+fn in_new_vm(
+    resources: &VmResources,
+    host: &Host,
+    mem: GuestMemory,
+    track_dirty: bool,
+    make: impl FnOnce(&Context) -> Result<Parts, BuildError>,
+) -> Result<MicroVm, BuildError> {
     let vm = Vm::new(&mem, track_dirty)?;
     let ctx = Context {
         vm: &vm,
@@ -174,18 +191,7 @@ pub fn restore(
         resources,
         host,
     };
-    let parts = rebuild(&ctx, state)?;
-    // KVM needs guest memory in place for some MSRs (kvmclock, async PF, PV EOI, steal time).
-    for (vcpu, saved) in parts.vcpus.iter().zip(&state.vcpus) {
-        vcpu.restore_state(saved)?;
-    }
-    crate::snapshot::state::restore_vm(vm.fd(), &state.vm, clock_realtime)?;
-    for transport in &parts.devices.transports {
-        devices::bus::lock(transport).announce_restore();
-    }
-    for transport in &parts.devices.pci_transports {
-        devices::bus::lock(transport).announce_restore();
-    }
+    let parts = make(&ctx)?;
     Ok(MicroVm::new(parts, mem, vm, track_dirty))
 }
 

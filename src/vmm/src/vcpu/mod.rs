@@ -99,13 +99,7 @@ impl Vcpu {
             .collect();
         let msrs =
             Msrs::from_entries(&entries).map_err(|e| Error::Msrs(index, format!("{e:?}")))?;
-        let written = fd
-            .set_msrs(&msrs)
-            .map_err(|e| Error::Msrs(index, e.to_string()))?;
-        if written != entries.len() {
-            let failed = entries[written].index;
-            return Err(Error::Msrs(index, format!("KVM refused MSR {failed:#x}")));
-        }
+        Self::set_all_msrs(fd, index, &msrs)?;
         Self::apply_template_msrs(fd, index, cpu)?;
 
         fd.set_fpu(&arch::regs::boot_fpu())
@@ -154,14 +148,21 @@ impl Vcpu {
         for (entry, (_, bitmap)) in msrs.as_mut_slice().iter_mut().zip(&cpu.msrs) {
             entry.data = bitmap.apply(entry.data);
         }
+        Self::set_all_msrs(fd, index, &msrs)
+    }
+
+    /// KVM stops at the first MSR it refuses and says how many it set: that one is named.
+    fn set_all_msrs(fd: &VcpuFd, index: u8, msrs: &Msrs) -> Result<(), Error> {
         let written = fd
-            .set_msrs(&msrs)
+            .set_msrs(msrs)
             .map_err(|e| Error::Msrs(index, e.to_string()))?;
-        if written != wanted.len() {
-            let failed = wanted[written].index;
-            return Err(Error::Msrs(index, format!("KVM refused MSR {failed:#x}")));
+        match msrs.as_slice().get(written) {
+            None => Ok(()),
+            Some(failed) => Err(Error::Msrs(
+                index,
+                format!("KVM refused MSR {:#x}", failed.index),
+            )),
         }
-        Ok(())
     }
 
     pub fn new(index: u8, fd: VcpuFd, shared: VcpuShared) -> Self {

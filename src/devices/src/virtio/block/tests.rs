@@ -120,6 +120,48 @@ fn chain(data: u64, len: u32, flags: u16) -> Vec<RawDescriptor> {
     ]
 }
 
+/// A request with no data (a flush, or an unknown type): the header and the status byte.
+fn no_data() -> [RawDescriptor; 2] {
+    [desc(HDR, 16, NEXT, 1), desc(STATUS, 1, WRITE, 0)]
+}
+
+/// `reads` reads made available on a queue of `size`: request r (chain head 3r) reads
+/// sector r into its own 512 bytes at `DATA + 512 r`, with its status byte at `STATUS + r`.
+fn posted_reads(mem: &GuestMemory, size: u16, reads: u16) -> MockSplitQueue<'_, GuestMemory> {
+    let mq = MockSplitQueue::create(mem, GuestAddress(0), size);
+    for r in 0..reads {
+        let hdr = HDR + 16 * u64::from(r);
+        mem.write_obj(0u32, GuestAddress(hdr)).unwrap();
+        mem.write_obj(u64::from(r), GuestAddress(hdr + 8)).unwrap();
+        let data = DATA + 512 * u64::from(r);
+        let status = STATUS + u64::from(r);
+        let d = 3 * r;
+        let table = mq.desc_table();
+        table.store(d, desc(hdr, 16, NEXT, d + 1)).unwrap();
+        table
+            .store(d + 1, desc(data, 512, NEXT | WRITE, d + 2))
+            .unwrap();
+        table.store(d + 2, desc(status, 1, WRITE, 0)).unwrap();
+        mq.avail().ring().ref_at(r.into()).unwrap().store(d);
+    }
+    mq.avail().idx().store(reads);
+    mq
+}
+
+/// Each of [`posted_reads`]' requests got its sector (a disk whose sector r is all r) and OK.
+fn assert_reads_done(mem: &GuestMemory, reads: u16) {
+    for r in 0..u64::from(reads) {
+        let mut got = [0u8; 512];
+        mem.read_slice(&mut got, GuestAddress(DATA + 512 * r))
+            .unwrap();
+        assert!(got.iter().all(|&b| b == r as u8), "read {r}");
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(STATUS + r)).unwrap(),
+            VIRTIO_BLK_S_OK as u8
+        );
+    }
+}
+
 fn status(mem: &GuestMemory) -> u32 {
     u32::from(mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap())
 }
@@ -151,11 +193,7 @@ fn read_write_flush_and_get_id() {
 
     let mut dev = block(&disk, false);
     header(&mem, 4, 0);
-    serve(
-        &mem,
-        &mut dev,
-        &[desc(HDR, 16, NEXT, 1), desc(STATUS, 1, WRITE, 0)],
-    );
+    serve(&mem, &mut dev, &no_data());
     assert_eq!(status(&mem), VIRTIO_BLK_S_OK);
 
     let mut dev = block(&disk, false);
@@ -194,11 +232,7 @@ fn writes_to_a_read_only_disk_and_requests_past_the_end_fail_untouched() {
 
     let mut dev = block(&disk, false);
     header(&mem, 77, 0);
-    serve(
-        &mem,
-        &mut dev,
-        &[desc(HDR, 16, NEXT, 1), desc(STATUS, 1, WRITE, 0)],
-    );
+    serve(&mem, &mut dev, &no_data());
     assert_eq!(status(&mem), VIRTIO_BLK_S_UNSUPP);
 }
 
@@ -324,27 +358,7 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
     // Two requests at once, then one every 50 ms.
     let limiter = ops_limiter(2, 100);
     let mut dev = limited_block(&disk, false, limiter, metrics.clone());
-    // Five reads, request r of sector r, each with its own buffer and status byte.
-    let mq = MockSplitQueue::create(&mem, GuestAddress(0), 16);
-    for r in 0..5u16 {
-        let hdr = HDR + 16 * u64::from(r);
-        mem.write_obj(0u32, GuestAddress(hdr)).unwrap();
-        mem.write_obj(u64::from(r), GuestAddress(hdr + 8)).unwrap();
-        let data = DATA + 512 * u64::from(r);
-        let status = STATUS + u64::from(r);
-        let d = 3 * r;
-        mq.desc_table()
-            .store(d, desc(hdr, 16, NEXT, d + 1))
-            .unwrap();
-        mq.desc_table()
-            .store(d + 1, desc(data, 512, NEXT | WRITE, d + 2))
-            .unwrap();
-        mq.desc_table()
-            .store(d + 2, desc(status, 1, WRITE, 0))
-            .unwrap();
-        mq.avail().ring().ref_at(r.into()).unwrap().store(d);
-    }
-    mq.avail().idx().store(5);
+    let mq = posted_reads(&mem, 16, 5);
     let queue: Queue = mq.create_queue().unwrap();
     let irq = irq();
     dev.activate(mem.clone(), vec![queue], irq).unwrap();
@@ -369,16 +383,7 @@ fn a_throttled_queue_serves_each_request_once_when_tokens_come_back() {
         [0, 3, 6, 9, 12],
         "each request served once, in order"
     );
-    for r in 0..5u64 {
-        let mut got = [0u8; 512];
-        mem.read_slice(&mut got, GuestAddress(DATA + 512 * r))
-            .unwrap();
-        assert!(got.iter().all(|&b| b == r as u8));
-        assert_eq!(
-            mem.read_obj::<u8>(GuestAddress(STATUS + r)).unwrap(),
-            VIRTIO_BLK_S_OK as u8
-        );
-    }
+    assert_reads_done(&mem, 5);
     assert_eq!(metrics.read_count.total(), 5);
     assert_eq!(metrics.read_bytes.total(), 5 * 512);
 
@@ -475,26 +480,8 @@ mod async_engine {
         let disk = Disk::new("many", &contents);
         let mem = memory();
         let mut dev = block(&disk, false);
-        let mq = MockSplitQueue::create(&mem, GuestAddress(0), 256);
         let reads = 60u16;
-        for r in 0..reads {
-            let hdr = HDR + 16 * u64::from(r);
-            mem.write_obj(0u32, GuestAddress(hdr)).unwrap();
-            mem.write_obj(u64::from(r), GuestAddress(hdr + 8)).unwrap();
-            let d = 3 * r;
-            let data = DATA + 512 * u64::from(r);
-            mq.desc_table()
-                .store(d, desc(hdr, 16, NEXT, d + 1))
-                .unwrap();
-            mq.desc_table()
-                .store(d + 1, desc(data, 512, NEXT | WRITE, d + 2))
-                .unwrap();
-            mq.desc_table()
-                .store(d + 2, desc(STATUS + u64::from(r), 1, WRITE, 0))
-                .unwrap();
-            mq.avail().ring().ref_at(r.into()).unwrap().store(d);
-        }
-        mq.avail().idx().store(reads);
+        let mq = posted_reads(&mem, 256, reads);
         let irq = irq();
         dev.activate(mem.clone(), vec![mq.create_queue().unwrap()], irq.clone())
             .unwrap();
@@ -523,16 +510,7 @@ mod async_engine {
             (0..u32::from(reads)).map(|r| 3 * r).collect::<Vec<_>>()
         );
         assert!(used(&mem, &mq).iter().all(|&(_, len)| len == 513));
-        for r in 0..u64::from(reads) {
-            let mut got = [0u8; 512];
-            mem.read_slice(&mut got, GuestAddress(DATA + 512 * r))
-                .unwrap();
-            assert!(got.iter().all(|&b| b == r as u8), "read {r}");
-            assert_eq!(
-                mem.read_obj::<u8>(GuestAddress(STATUS + r)).unwrap(),
-                VIRTIO_BLK_S_OK as u8
-            );
-        }
+        assert_reads_done(&mem, reads);
         assert_ne!(irq.status(), 0, "the guest was interrupted");
     }
 }

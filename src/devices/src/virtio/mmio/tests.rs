@@ -40,6 +40,9 @@ fn wr(t: &mut MmioTransport, offset: u64, value: u32) {
     t.write(offset, &value.to_le_bytes());
 }
 
+/// Every status step done: the driver is running.
+const STARTED: u32 = ACK | DRIVER | FEATURES_OK | DRIVER_OK;
+
 /// Sets up both queues in valid, non-overlapping memory.
 fn setup_queues(t: &mut MmioTransport) {
     for (q, base) in [(0u32, 0x1_0000u32), (1, 0x2_0000)] {
@@ -94,11 +97,7 @@ fn the_full_handshake_activates_the_device_once() {
         (1 << 32) | 0b100
     );
     setup_queues(&mut f.transport);
-    wr(
-        &mut f.transport,
-        REG_STATUS,
-        ACK | DRIVER | FEATURES_OK | DRIVER_OK,
-    );
+    wr(&mut f.transport, REG_STATUS, STARTED);
     assert_eq!(f.activations.load(Ordering::SeqCst), 1);
     assert_eq!(f.transport.status() & NEEDS_RESET, 0);
     // Queue registers are frozen once running.
@@ -134,11 +133,7 @@ fn a_restored_device_announces_the_restore_only_when_asked() {
     let mut f = fixture();
     negotiate(&mut f.transport, 1, 0);
     setup_queues(&mut f.transport);
-    wr(
-        &mut f.transport,
-        REG_STATUS,
-        ACK | DRIVER | FEATURES_OK | DRIVER_OK,
-    );
+    wr(&mut f.transport, REG_STATUS, STARTED);
     let saved = f.transport.snapshot();
     let mut g = fixture();
     g.transport.restore(&saved).unwrap();
@@ -175,7 +170,7 @@ fn out_of_order_status_writes_are_ignored() {
     let t = &mut f.transport;
     wr(t, REG_STATUS, DRIVER_OK);
     assert_eq!(t.status(), 0, "DRIVER_OK before anything");
-    wr(t, REG_STATUS, ACK | DRIVER | FEATURES_OK | DRIVER_OK);
+    wr(t, REG_STATUS, STARTED);
     assert_eq!(t.status(), 0, "several steps at once");
     wr(t, REG_STATUS, ACK);
     wr(t, REG_STATUS, ACK | FEATURES_OK);
@@ -196,11 +191,7 @@ fn invalid_queues_mean_needs_reset_not_activation() {
     wr(&mut f.transport, REG_QUEUE_NUM, 8);
     wr(&mut f.transport, REG_QUEUE_DESC_LOW, 0xfff0_0000);
     wr(&mut f.transport, REG_QUEUE_READY, 1);
-    wr(
-        &mut f.transport,
-        REG_STATUS,
-        ACK | DRIVER | FEATURES_OK | DRIVER_OK,
-    );
+    wr(&mut f.transport, REG_STATUS, STARTED);
     assert_eq!(f.activations.load(Ordering::SeqCst), 0);
     assert_ne!(f.transport.status() & NEEDS_RESET, 0);
     assert_ne!(

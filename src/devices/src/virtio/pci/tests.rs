@@ -93,6 +93,13 @@ fn capabilities(t: &PciTransport) -> Vec<(u8, u8, u32)> {
     out
 }
 
+/// A fixture whose driver has done [`bring_up`].
+fn running() -> Fixture {
+    let mut f = fixture();
+    bring_up(&mut f);
+    f
+}
+
 /// What Linux does: status, features, both queues with a vector each, MSI-X on, DRIVER_OK.
 fn bring_up(f: &mut Fixture) {
     let t = &mut f.t;
@@ -160,8 +167,7 @@ fn configuration_space_announces_a_modern_virtio_device_and_its_structures() {
 
 #[test]
 fn a_linux_like_bring_up_activates_the_device_and_queues_fire_their_vectors() {
-    let mut f = fixture();
-    bring_up(&mut f);
+    let mut f = running();
     assert_eq!(f.activations.load(Ordering::SeqCst), 1);
     assert_eq!(rd(&mut f.t, 0x12, 2), 2, "num_queues");
     // Every vector got its route once unmasked; the last table has all three.
@@ -194,8 +200,7 @@ fn a_linux_like_bring_up_activates_the_device_and_queues_fire_their_vectors() {
 
 #[test]
 fn a_masked_vector_holds_its_interrupt_until_unmasked() {
-    let mut f = fixture();
-    bring_up(&mut f);
+    let mut f = running();
     wr(&mut f.t, 0x4000 + 12, 4, 1);
     f.irq.trigger(InterruptKind::Queue(0)).unwrap();
     assert!(f.irqfds[0].read().is_err(), "masked");
@@ -258,8 +263,7 @@ fn hostile_accesses_change_nothing_they_should_not() {
 
 #[test]
 fn a_snapshot_restores_vectors_routes_and_a_moved_bar_into_a_fresh_function() {
-    let mut f = fixture();
-    bring_up(&mut f);
+    let mut f = running();
     // The guest moved the BAR and masked vector 1, which then fired: pending.
     f.t.config_write(0x10, &0xe001_0000u32.to_le_bytes());
     wr(&mut f.t, 0x4000 + 16 + 12, 4, 1);
@@ -283,8 +287,7 @@ fn a_snapshot_restores_vectors_routes_and_a_moved_bar_into_a_fresh_function() {
 
 #[test]
 fn a_snapshot_of_another_transport_or_layout_is_refused() {
-    let mut f = fixture();
-    bring_up(&mut f);
+    let f = running();
     let saved = f.t.snapshot();
     let mut mmio = saved.clone();
     mmio.pci = None;

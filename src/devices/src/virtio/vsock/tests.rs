@@ -4,7 +4,6 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use telemetry::VsockMetrics;
@@ -13,6 +12,7 @@ use virtio_queue::desc::RawDescriptor;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::tempdir::TempDir;
 
 use super::packet::*;
 use super::{Vsock, VsockConfig, BUF_ALLOC};
@@ -24,19 +24,9 @@ const QSIZE: u16 = 64;
 const RX_BUFS: u64 = 0x40_0000;
 const TX_BUFS: u64 = 0x80_0000;
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn scratch(name: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("ember-vsock-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
+/// A fresh directory, removed when the test ends (passed or not).
+fn scratch(name: &str) -> TempDir {
+    TempDir::new_with_prefix(std::env::temp_dir().join(format!("ember-vsock-{name}-"))).unwrap()
 }
 
 /// A split virtqueue of QSIZE at `.0`: the descriptor table, then the available ring at
@@ -188,8 +178,11 @@ fn header(op: u16, src_port: u32, dst_port: u32, len: u32) -> Header {
     }
 }
 
-fn rig<'m>(mem: &'m GuestMemory, dir: &std::path::Path) -> (Vsock, Driver<'m>, Arc<VsockMetrics>) {
-    let path = dir.join("v.sock");
+/// The device, started, with its socket in a scratch directory tagged `name` (kept until
+/// the test ends), and a driver on its queues.
+fn rig<'m>(mem: &'m GuestMemory, name: &str) -> (TempDir, Vsock, Driver<'m>, Arc<VsockMetrics>) {
+    let dir = scratch(name);
+    let path = dir.as_path().join("v.sock");
     let metrics = Arc::new(VsockMetrics::default());
     let mut dev = Vsock::new(VsockConfig {
         guest_cid: CID,
@@ -210,7 +203,7 @@ fn rig<'m>(mem: &'m GuestMemory, dir: &std::path::Path) -> (Vsock, Driver<'m>, A
         rx_seen: 0,
         tx_posted: 0,
     };
-    (dev, driver, metrics)
+    (dir, dev, driver, metrics)
 }
 
 /// Runs the device as the event loop would after `events` on every connection.
@@ -274,9 +267,8 @@ fn host_connection(dev: &mut Vsock, d: &mut Driver) -> (UnixStream, u32) {
 
 #[test]
 fn a_host_connection_carries_data_both_ways_and_its_close_reaches_the_guest() {
-    let s = scratch("host");
     let mem = memory();
-    let (mut dev, mut d, metrics) = rig(&mem, &s.0);
+    let (_dir, mut dev, mut d, metrics) = rig(&mem, "host");
     let (mut host, port) = host_connection(&mut dev, &mut d);
     // Host to guest.
     host.write_all(b"hello guest").unwrap();
@@ -313,10 +305,9 @@ fn a_host_connection_carries_data_both_ways_and_its_close_reaches_the_guest() {
 
 #[test]
 fn a_guest_connection_reaches_the_port_socket_and_a_missing_one_is_refused() {
-    let s = scratch("guest");
     let mem = memory();
-    let (mut dev, mut d, _) = rig(&mem, &s.0);
-    let listener = UnixListener::bind(s.0.join("v.sock_1234")).unwrap();
+    let (dir, mut dev, mut d, _) = rig(&mem, "guest");
+    let listener = UnixListener::bind(dir.as_path().join("v.sock_1234")).unwrap();
     d.post_rx(4);
     d.send(header(OP_REQUEST, 7000, 1234, 0), &[]);
     d.send(header(OP_REQUEST, 7001, 999, 0), &[]);
@@ -339,9 +330,8 @@ fn a_guest_connection_reaches_the_port_socket_and_a_missing_one_is_refused() {
 
 #[test]
 fn a_guest_that_sends_past_its_credit_is_reset_and_ember_holds_at_most_the_credit() {
-    let s = scratch("credit");
     let mem = memory();
-    let (mut dev, mut d, _) = rig(&mem, &s.0);
+    let (_dir, mut dev, mut d, _) = rig(&mem, "credit");
     let (host, port) = host_connection(&mut dev, &mut d);
     // The host reads nothing: its socket buffer fills, then ember's buffer, then the
     // guest is over its credit.
@@ -365,9 +355,8 @@ fn a_guest_that_sends_past_its_credit_is_reset_and_ember_holds_at_most_the_credi
 
 #[test]
 fn a_malformed_connect_line_is_refused_and_the_host_sees_the_end() {
-    let s = scratch("connect");
     let mem = memory();
-    let (mut dev, _d, _) = rig(&mem, &s.0);
+    let (_dir, mut dev, _d, _) = rig(&mem, "connect");
     for bad in [
         &b"CONNECT x\n"[..],
         b"HELLO WORLD THIS IS FAR TOO LONG FOR A LINE\n",
@@ -386,9 +375,8 @@ fn a_malformed_connect_line_is_refused_and_the_host_sees_the_end() {
 
 #[test]
 fn an_unanswered_request_times_out_and_the_host_socket_closes() {
-    let s = scratch("timeout");
     let mem = memory();
-    let (mut dev, mut d, _) = rig(&mem, &s.0);
+    let (_dir, mut dev, mut d, _) = rig(&mem, "timeout");
     let mut host = UnixStream::connect(dev.uds_path.clone()).unwrap();
     host.write_all(b"CONNECT 52\n").unwrap();
     dev.accept_all();
@@ -403,9 +391,8 @@ fn an_unanswered_request_times_out_and_the_host_socket_closes() {
 
 #[test]
 fn hostile_packets_are_dropped_or_reset_and_the_device_keeps_working() {
-    let s = scratch("hostile");
     let mem = memory();
-    let (mut dev, mut d, metrics) = rig(&mem, &s.0);
+    let (_dir, mut dev, mut d, metrics) = rig(&mem, "hostile");
     d.post_rx(16);
     let at = TX_BUFS + 0x10_0000;
     let h = |op, kind| Header {
@@ -476,9 +463,8 @@ fn hostile_packets_are_dropped_or_reset_and_the_device_keeps_working() {
 
 #[test]
 fn a_guest_that_sends_without_reading_stalls_its_own_tx_queue_not_ember() {
-    let s = scratch("stall");
     let mem = memory();
-    let (mut dev, mut d, _) = rig(&mem, &s.0);
+    let (_dir, mut dev, mut d, _) = rig(&mem, "stall");
     // 272 packets for no connection, each owed an RST, with no RX buffers at first: after
     // 256 the device stops reading them.
     for _ in 0..17 {
@@ -502,9 +488,8 @@ fn a_guest_that_sends_without_reading_stalls_its_own_tx_queue_not_ember() {
 
 #[test]
 fn a_receive_buffer_with_no_room_after_the_header_is_not_the_end_of_the_stream() {
-    let s = scratch("tiny");
     let mem = memory();
-    let (mut dev, mut d, metrics) = rig(&mem, &s.0);
+    let (_dir, mut dev, mut d, metrics) = rig(&mem, "tiny");
     let (mut host, _) = host_connection(&mut dev, &mut d);
     host.write_all(b"data").unwrap();
     // A header-only buffer first, then a real one.
@@ -521,9 +506,8 @@ fn a_receive_buffer_with_no_room_after_the_header_is_not_the_end_of_the_stream()
 
 #[test]
 fn a_host_connection_that_never_names_a_port_is_closed_after_its_deadline() {
-    let s = scratch("silent");
     let mem = memory();
-    let (mut dev, _d, _) = rig(&mem, &s.0);
+    let (_dir, mut dev, _d, _) = rig(&mem, "silent");
     let mut host = UnixStream::connect(dev.uds_path.clone()).unwrap();
     host.write_all(b"CONN").unwrap();
     dev.accept_all();
@@ -541,9 +525,8 @@ fn a_host_connection_that_never_names_a_port_is_closed_after_its_deadline() {
 #[test]
 fn after_a_restore_the_guest_handles_the_reset_before_any_new_connection() {
     use crate::virtio::VirtioDevice;
-    let s = scratch("restored");
     let mem = memory();
-    let (mut dev, mut d, _) = rig(&mem, &s.0);
+    let (_dir, mut dev, mut d, _) = rig(&mem, "restored");
     let event = Ring(0x20_0000 + 0x2_0000);
     let event_buf = 0x30_0000;
     mem.write_obj(0xffff_ffffu32, GuestAddress(event_buf))

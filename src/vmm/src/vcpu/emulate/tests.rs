@@ -160,12 +160,19 @@ fn cmpxchg16b_cpu(mem: &GuestMemory, paging: Paging, rsi: u64) -> CpuState {
     c
 }
 
+/// A guest whose 16 aligned bytes at `[rsi+0x20]` hold `in_memory`, and its CPU at
+/// [`cmpxchg16b_cpu`].
+fn cmpxchg16b_on(in_memory: u128) -> (GuestMemory, CpuState) {
+    let (mem, paging) = guest();
+    mem.write_obj(in_memory, GuestAddress(DATA_GPA + 0x40))
+        .unwrap();
+    let c = cmpxchg16b_cpu(&mem, paging, DATA + 0x20);
+    (mem, c)
+}
+
 #[test]
 fn cmpxchg16b_stores_when_equal() {
-    let (mem, paging) = guest();
-    mem.write_obj(0x2222_u128 << 64 | 0x1111, GuestAddress(DATA_GPA + 0x40))
-        .unwrap();
-    let mut c = cmpxchg16b_cpu(&mem, paging, DATA + 0x20);
+    let (mem, mut c) = cmpxchg16b_on(0x2222_u128 << 64 | 0x1111);
     c.rflags &= !RFLAGS_ZF;
     assert_eq!(step(&mut c, &mem), Ok((Kind::CmpXchg16b, Effect::Done)));
     assert_eq!(
@@ -179,10 +186,7 @@ fn cmpxchg16b_stores_when_equal() {
 
 #[test]
 fn cmpxchg16b_loads_when_different() {
-    let (mem, paging) = guest();
-    mem.write_obj(0x9999_u128 << 64 | 0x8888, GuestAddress(DATA_GPA + 0x40))
-        .unwrap();
-    let mut c = cmpxchg16b_cpu(&mem, paging, DATA + 0x20);
+    let (mem, mut c) = cmpxchg16b_on(0x9999_u128 << 64 | 0x8888);
     assert_eq!(step(&mut c, &mem), Ok((Kind::CmpXchg16b, Effect::Done)));
     assert_eq!(
         mem.read_obj::<u128>(GuestAddress(DATA_GPA + 0x40)).unwrap(),
