@@ -2,8 +2,10 @@
 //! (the Linux zero page for the 64-bit entry, `hvm_start_info` for PVH).
 
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params, setup_header};
+// PVH's memory map types are e820's, so one map serves both protocols.
 use linux_loader::loader::elf::start_info::{
-    hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info,
+    hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info, XEN_HVM_MEMMAP_TYPE_RAM as E820_RAM,
+    XEN_HVM_MEMMAP_TYPE_RESERVED as E820_RESERVED, XEN_HVM_START_MAGIC_VALUE,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemory};
 
@@ -12,16 +14,12 @@ use crate::layout::{
     PVH_MODLIST_ADDR, ZERO_PAGE_ADDR,
 };
 
-pub const E820_RAM: u32 = 1;
-pub const E820_RESERVED: u32 = 2;
 /// "HdrS", the boot protocol header magic.
 const HDRS_MAGIC: u32 = 0x5372_6448;
 const BOOT_FLAG_MAGIC: u16 = 0xaa55;
 /// `type_of_loader` for a boot loader without an assigned ID.
 const LOADER_UNDEFINED: u8 = 0xff;
 const KERNEL_ALIGNMENT: u32 = 0x0100_0000;
-/// `hvm_start_info.magic`.
-pub const PVH_MAGIC: u32 = 0x336e_c578;
 
 /// One e820 entry: `[addr, addr + size)` of type `kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +142,7 @@ pub fn write_pvh_info<M: GuestMemory>(
         return Err(Error::TooManyE820Entries(e820.len()));
     }
     let mut info = hvm_start_info {
-        magic: PVH_MAGIC,
+        magic: XEN_HVM_START_MAGIC_VALUE,
         version: 1,
         cmdline_paddr: CMDLINE_ADDR,
         memmap_paddr: PVH_MEMMAP_ADDR,
@@ -260,7 +258,7 @@ mod tests {
         };
         write_pvh_info(&mem, Some(initrd), &e820, 0xe0000).unwrap();
         let info: hvm_start_info = mem.read_obj(GuestAddress(PVH_INFO_ADDR)).unwrap();
-        assert_eq!(info.magic, PVH_MAGIC);
+        assert_eq!(info.magic, XEN_HVM_START_MAGIC_VALUE);
         assert_eq!(info.memmap_entries, 3);
         assert_eq!(info.nr_modules, 1);
         assert_eq!(info.rsdp_paddr, 0xe0000);
