@@ -4,6 +4,7 @@
 //! device embeds one [`VirtioCommon`] and the [`super::VirtioDevice`] trait's provided
 //! methods do the rest.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use telemetry::DeviceMetrics;
@@ -180,6 +181,14 @@ impl VirtioCommon {
         &self.queue_events[index]
     }
 
+    /// The queue whose notification eventfd is `fd`, with its notification consumed: what a
+    /// device's event handler asks first.
+    pub fn notified_queue(&self, fd: RawFd) -> Option<usize> {
+        let index = self.queue_events.iter().position(|e| e.as_raw_fd() == fd)?;
+        let _ = self.queue_events[index].read();
+        Some(index)
+    }
+
     pub fn is_active(&self) -> bool {
         self.active.is_some()
     }
@@ -307,5 +316,19 @@ mod tests {
         );
         assert_eq!(*irq.0.lock().unwrap(), vec![InterruptKind::Config]);
         assert_eq!(metrics.activate_fails.take(), 0);
+    }
+
+    #[test]
+    fn a_notification_names_its_queue_and_is_consumed() {
+        let metrics = Arc::new(telemetry::VsockMetrics::default());
+        let common = VirtioCommon::new(19, 0, &[16, 16, 16], metrics).unwrap();
+        common.queue_event(2).write(1).unwrap();
+        assert_eq!(
+            common.notified_queue(common.queue_event(2).as_raw_fd()),
+            Some(2)
+        );
+        // Consumed: the eventfd (non-blocking) has nothing left to read.
+        assert!(common.queue_event(2).read().is_err());
+        assert_eq!(common.notified_queue(-1), None);
     }
 }

@@ -440,15 +440,9 @@ impl MutEventSubscriber for Balloon {
             }
             return;
         }
-        let Some(queue) = self
-            .common
-            .queue_events()
-            .iter()
-            .position(|e| e.as_raw_fd() == fd)
-        else {
+        let Some(queue) = self.common.notified_queue(fd) else {
             return;
         };
-        let _ = self.common.queue_event(queue).read();
         match queue {
             INFLATE | DEFLATE => {
                 self.process_pfns(queue);

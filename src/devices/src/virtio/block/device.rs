@@ -532,8 +532,7 @@ impl MutEventSubscriber for Block {
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
-        if events.fd() == self.common.queue_event(0).as_raw_fd() {
-            let _ = self.common.queue_event(0).read();
+        if self.common.notified_queue(events.fd()).is_some() {
             self.metrics.queue_event_count.inc();
             // A throttled queue is served when the limiter's timer fires, not before.
             if !self.limiter.is_blocked() {

@@ -449,15 +449,14 @@ impl MutEventSubscriber for Net {
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         let fd = events.fd();
+        let queue = self.common.notified_queue(fd);
         // A throttled direction moves when its limiter's timer fires, not before.
-        if fd == self.common.queue_event(RX).as_raw_fd() {
-            let _ = self.common.queue_event(RX).read();
+        if queue == Some(RX) {
             self.metrics.rx_queue_event_count.inc();
             if !self.rx_limiter.is_blocked() {
                 self.process_rx();
             }
-        } else if fd == self.common.queue_event(TX).as_raw_fd() {
-            let _ = self.common.queue_event(TX).read();
+        } else if queue == Some(TX) {
             self.metrics.tx_queue_event_count.inc();
             if !self.tx_limiter.is_blocked() {
                 self.process_tx();

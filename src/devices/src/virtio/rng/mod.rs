@@ -150,8 +150,7 @@ impl MutEventSubscriber for Entropy {
     }
 
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
-        if events.fd() == self.common.queue_event(0).as_raw_fd() {
-            let _ = self.common.queue_event(0).read();
+        if self.common.notified_queue(events.fd()).is_some() {
             self.metrics.entropy_event_count.inc();
             if !self.limiter.is_blocked() {
                 self.process_queue();

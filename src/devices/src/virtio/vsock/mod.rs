@@ -266,7 +266,6 @@ impl Vsock {
     /// The driver gives event buffers back once it has handled the event in them: after a
     /// restore, the transport reset.
     fn event_queue_kicked(&mut self) {
-        let _ = self.common.queue_event(EVENT).read();
         self.reset_unacked = None;
     }
 
@@ -299,14 +298,13 @@ impl MutEventSubscriber for Vsock {
 
     fn process(&mut self, events: Events, ops: &mut EventOps) {
         let fd = events.fd();
-        if fd == self.common.queue_event(RX).as_raw_fd() {
-            let _ = self.common.queue_event(RX).read();
+        let queue = self.common.notified_queue(fd);
+        if queue == Some(RX) {
             self.metrics.rx_queue_event_count.inc();
-        } else if fd == self.common.queue_event(TX).as_raw_fd() {
-            let _ = self.common.queue_event(TX).read();
+        } else if queue == Some(TX) {
             self.metrics.tx_queue_event_count.inc();
             self.process_tx();
-        } else if fd == self.common.queue_event(EVENT).as_raw_fd() {
+        } else if queue == Some(EVENT) {
             self.event_queue_kicked();
         } else if fd == self.listener.as_raw_fd() {
             self.accept_all();
