@@ -352,3 +352,54 @@ fn a_guest_on_huge_pages_runs_on_2_mib_pages_reserved_at_its_start() {
         "the pages went back to the pool"
     );
 }
+
+/// A signal that interrupts KVM_CREATE_VM (the kernel answers EINTR when one is pending) does
+/// not fail the start at once: ember tries again, as QEMU and Firecracker do. Here a seccomp
+/// filter interrupts every attempt, so the retries end after five tries with the reason.
+#[test]
+fn an_interrupted_kvm_create_vm_is_tried_again_a_few_times() {
+    use seccompiler::{SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition};
+    use std::os::unix::process::CommandExt;
+    /// `_IO(KVMIO, 0x01)`.
+    const KVM_CREATE_VM: u64 = 0xae01;
+    let s = kvm_scratch!("create-vm-eintr");
+    let is_create_vm =
+        SeccompCondition::new(1, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, KVM_CREATE_VM).unwrap();
+    let filter = seccompiler::SeccompFilter::new(
+        [(
+            libc::SYS_ioctl,
+            vec![seccompiler::SeccompRule::new(vec![is_create_vm]).unwrap()],
+        )]
+        .into_iter()
+        .collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EINTR as u32),
+        seccompiler::TargetArch::x86_64,
+    )
+    .unwrap();
+    let program: seccompiler::BpfProgram = filter.try_into().unwrap();
+    let cfg = config(test_guest::PVH_ELF, 1, 32, Some("console=ttyS0"));
+    let path = s.file("vm.json", cfg.to_string().as_bytes());
+    let mut command = std::process::Command::new(EMBER);
+    command.args(["--no-api", "--config-file", &path, "--level", "Info"]);
+    // SAFETY: between fork and exec the child only installs a compiled filter (prctl and
+    // seccomp system calls on memory it already holds).
+    unsafe {
+        command
+            .pre_exec(move || seccompiler::apply_filter(&program).map_err(std::io::Error::other));
+    }
+    let out = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr.matches("KVM_CREATE_VM was interrupted").count(),
+        4,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "ember: cannot start the microVM: cannot create the KVM VM: Interrupted system call"
+        ),
+        "{stderr}"
+    );
+}

@@ -59,6 +59,25 @@ pub struct Vm {
     fd: Arc<VmFd>,
 }
 
+/// How often KVM_CREATE_VM is tried when a signal interrupts it.
+const CREATE_VM_ATTEMPTS: u32 = 5;
+
+/// KVM_CREATE_VM, tried again when a signal interrupts it (the kernel gives up with EINTR
+/// when one is pending): that is no reason to fail a start, and QEMU and Firecracker retry
+/// too. Bounded, so that a storm of signals still ends in an error.
+fn create_vm(kvm: &Kvm) -> Result<VmFd, Error> {
+    let mut attempt = 1;
+    loop {
+        match kvm.create_vm() {
+            Err(e) if e.errno() == libc::EINTR && attempt < CREATE_VM_ATTEMPTS => {
+                log::info!("KVM_CREATE_VM was interrupted (attempt {attempt}); trying again");
+                attempt += 1;
+            }
+            result => return result.map_err(Error::CreateVm),
+        }
+    }
+}
+
 impl Vm {
     /// Opens KVM and creates a VM on guest memory `mem` (see [`Vm::register_memory`]), with an
     /// in-kernel irqchip (PIC, IOAPIC, local APICs) and PIT.
@@ -78,7 +97,7 @@ impl Vm {
                 return Err(Error::MissingCapability(name));
             }
         }
-        let fd = kvm.create_vm().map_err(Error::CreateVm)?;
+        let fd = create_vm(&kvm)?;
         let vm = Vm {
             kvm,
             fd: Arc::new(fd),
