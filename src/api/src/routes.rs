@@ -177,15 +177,39 @@ fn body<T: for<'a> Deserialize<'a>>(req: &Request, section: &str) -> Result<T, R
 }
 
 /// The body of a request on `/{section}/{id}` (`segments`), which must name the same ID.
-fn body_for_id<T: for<'a> Deserialize<'a>>(
+fn body_for_id<T: for<'a> Deserialize<'a> + Identified>(
     req: &Request,
     segments: &[&str],
-    id_of: fn(&T) -> &String,
-    invalid: fn(String) -> ConfigError,
 ) -> Result<T, Response> {
     let parsed: T = body(req, segments[0])?;
-    path_id(segments[1], id_of(&parsed), invalid)?;
+    path_id(segments[1], parsed.id(), T::INVALID)?;
     Ok(parsed)
+}
+
+/// A body whose ID the request's path repeats.
+trait Identified {
+    fn id(&self) -> &str;
+    /// The error for an ID that is not valid.
+    const INVALID: fn(String) -> ConfigError;
+}
+
+/// Each such body, the field holding its ID, and its error.
+macro_rules! identified {
+    ($($body:ty => $field:ident, $invalid:expr;)*) => {$(
+        impl Identified for $body {
+            fn id(&self) -> &str {
+                &self.$field
+            }
+            const INVALID: fn(String) -> ConfigError = $invalid;
+        }
+    )*};
+}
+
+identified! {
+    DriveConfig => drive_id, ConfigError::DriveId;
+    PartialDrive => drive_id, ConfigError::DriveId;
+    NetworkInterfaceConfig => iface_id, ConfigError::IfaceId;
+    PartialNetworkInterface => iface_id, ConfigError::IfaceId;
 }
 
 /// Firecracker's checks of an ID in the path, and that the body names the same ID.
@@ -251,21 +275,13 @@ fn parse_route(req: &Request, route: Route, segments: &[&str]) -> Result<VmmActi
         (Route::BootSource, _) => {
             VmmAction::PutBootSource(body::<BootSourceConfig>(req, "boot-source")?)
         }
-        (Route::Drive, "PUT") => {
-            let id: fn(&DriveConfig) -> &String = |d| &d.drive_id;
-            VmmAction::PutDrive(body_for_id(req, segments, id, ConfigError::DriveId)?)
-        }
-        (Route::Drive, _) => {
-            let id: fn(&PartialDrive) -> &String = |d| &d.drive_id;
-            VmmAction::PatchDrive(body_for_id(req, segments, id, ConfigError::DriveId)?)
-        }
+        (Route::Drive, "PUT") => VmmAction::PutDrive(body_for_id(req, segments)?),
+        (Route::Drive, _) => VmmAction::PatchDrive(body_for_id(req, segments)?),
         (Route::NetworkInterface, "PUT") => {
-            let id: fn(&NetworkInterfaceConfig) -> &String = |i| &i.iface_id;
-            VmmAction::PutNetworkInterface(body_for_id(req, segments, id, ConfigError::IfaceId)?)
+            VmmAction::PutNetworkInterface(body_for_id(req, segments)?)
         }
         (Route::NetworkInterface, _) => {
-            let id: fn(&PartialNetworkInterface) -> &String = |i| &i.iface_id;
-            VmmAction::PatchNetworkInterface(body_for_id(req, segments, id, ConfigError::IfaceId)?)
+            VmmAction::PatchNetworkInterface(body_for_id(req, segments)?)
         }
         (Route::Mmds, "GET") => VmmAction::GetMmds,
         (Route::Mmds, "PUT") => VmmAction::PutMmds(body(req, "mmds")?),

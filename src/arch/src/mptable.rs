@@ -9,19 +9,30 @@ use crate::layout::{IOAPIC_ADDR, IOAPIC_PINS, LAPIC_ADDR, MPTABLE_ADDR};
 
 /// Most vCPUs Ember runs; the whole table then still fits in the 1 KiB EBDA.
 pub const MAX_CPUS: u8 = 32;
+
+/// The first byte of each configuration-table entry: what the entry describes.
+enum Entry {
+    Processor = 0,
+    Bus = 1,
+    Ioapic = 2,
+    IoInterrupt = 3,
+    LocalInterrupt = 4,
+}
+
+/// A processor entry's flags.
+const CPU_ENABLED: u8 = 1;
+const CPU_BOOT_PROCESSOR: u8 = 2;
+
+/// The kind of an interrupt assignment entry.
+enum Interrupt {
+    Vectored = 0,
+    Nmi = 1,
+    ExtInt = 3,
+}
+
 const SPEC_REV: u8 = 4;
 const APIC_VERSION: u8 = 0x14;
 const IOAPIC_VERSION: u8 = 0x11;
-const CPU_ENABLED: u8 = 1;
-const CPU_BOOT_PROCESSOR: u8 = 2;
-const ENTRY_PROCESSOR: u8 = 0;
-const ENTRY_BUS: u8 = 1;
-const ENTRY_IOAPIC: u8 = 2;
-const ENTRY_IO_INTERRUPT: u8 = 3;
-const ENTRY_LOCAL_INTERRUPT: u8 = 4;
-const INT_VECTORED: u8 = 0;
-const INT_NMI: u8 = 1;
-const INT_EXTINT: u8 = 3;
 const ISA_BUS_ID: u8 = 0;
 const FLOATING_POINTER_LEN: usize = 16;
 const HEADER_LEN: usize = 44;
@@ -44,17 +55,17 @@ pub fn build(cpus: u8, addr: u64) -> Result<Vec<u8>, Error> {
     let mut count: u16 = 0;
     for cpu in 0..cpus {
         let flags = CPU_ENABLED | if cpu == 0 { CPU_BOOT_PROCESSOR } else { 0 };
-        entries.extend_from_slice(&[ENTRY_PROCESSOR, cpu, APIC_VERSION, flags]);
+        entries.extend_from_slice(&[Entry::Processor as u8, cpu, APIC_VERSION, flags]);
         // CPU signature (family 6) and feature flags (FPU, APIC), then 8 reserved bytes.
         entries.extend_from_slice(&0x600u32.to_le_bytes());
         entries.extend_from_slice(&0x201u32.to_le_bytes());
         entries.extend_from_slice(&[0; 8]);
         count += 1;
     }
-    entries.extend_from_slice(&[ENTRY_BUS, ISA_BUS_ID]);
+    entries.extend_from_slice(&[Entry::Bus as u8, ISA_BUS_ID]);
     entries.extend_from_slice(b"ISA   ");
     count += 1;
-    entries.extend_from_slice(&[ENTRY_IOAPIC, ioapic_id, IOAPIC_VERSION, 1]);
+    entries.extend_from_slice(&[Entry::Ioapic as u8, ioapic_id, IOAPIC_VERSION, 1]);
     entries.extend_from_slice(&IOAPIC_ADDR.to_le_bytes());
     count += 1;
     // Every IOAPIC pin is an ordinary vectored interrupt, ISA IRQ n on pin n, as KVM's
@@ -64,8 +75,8 @@ pub fn build(cpus: u8, addr: u64) -> Result<Vec<u8>, Error> {
     // `setup_IO_APIC` oopses on a hardware-virtualisation host.
     for pin in 0..IOAPIC_PINS {
         entries.extend_from_slice(&[
-            ENTRY_IO_INTERRUPT,
-            INT_VECTORED,
+            Entry::IoInterrupt as u8,
+            Interrupt::Vectored as u8,
             0,
             0,
             ISA_BUS_ID,
@@ -75,8 +86,17 @@ pub fn build(cpus: u8, addr: u64) -> Result<Vec<u8>, Error> {
         ]);
         count += 1;
     }
-    for (kind, lint) in [(INT_EXTINT, 0u8), (INT_NMI, 1u8)] {
-        entries.extend_from_slice(&[ENTRY_LOCAL_INTERRUPT, kind, 0, 0, ISA_BUS_ID, 0, 0xff, lint]);
+    for (kind, lint) in [(Interrupt::ExtInt as u8, 0u8), (Interrupt::Nmi as u8, 1u8)] {
+        entries.extend_from_slice(&[
+            Entry::LocalInterrupt as u8,
+            kind,
+            0,
+            0,
+            ISA_BUS_ID,
+            0,
+            0xff,
+            lint,
+        ]);
         count += 1;
     }
 
@@ -141,10 +161,10 @@ mod tests {
         let entries = &bytes[16 + HEADER_LEN..];
         for cpu in 0..4 {
             let e = &entries[cpu * 20..cpu * 20 + 20];
-            assert_eq!((e[0], e[1]), (ENTRY_PROCESSOR, cpu as u8));
+            assert_eq!((e[0], e[1]), (Entry::Processor as u8, cpu as u8));
             assert_eq!(e[3] & CPU_BOOT_PROCESSOR != 0, cpu == 0);
         }
-        assert_eq!(entries[80], ENTRY_BUS);
+        assert_eq!(entries[80], Entry::Bus as u8);
     }
 
     #[test]
@@ -156,11 +176,11 @@ mod tests {
         let entries: Vec<&[u8]> = bytes[first..].chunks(8).collect();
         let io: Vec<_> = entries
             .iter()
-            .filter(|e| e[0] == ENTRY_IO_INTERRUPT)
+            .filter(|e| e[0] == Entry::IoInterrupt as u8)
             .collect();
         assert_eq!(io.len(), usize::from(IOAPIC_PINS));
         for (pin, e) in io.iter().enumerate() {
-            assert_eq!(e[1], INT_VECTORED, "pin {pin}");
+            assert_eq!(e[1], Interrupt::Vectored as u8, "pin {pin}");
             assert_eq!(
                 (e[5], e[7]),
                 (pin as u8, pin as u8),
@@ -169,11 +189,11 @@ mod tests {
         }
         let local: Vec<_> = entries
             .iter()
-            .filter(|e| e[0] == ENTRY_LOCAL_INTERRUPT)
+            .filter(|e| e[0] == Entry::LocalInterrupt as u8)
             .collect();
         assert_eq!(local.len(), 2);
-        assert_eq!((local[0][1], local[0][7]), (INT_EXTINT, 0));
-        assert_eq!((local[1][1], local[1][7]), (INT_NMI, 1));
+        assert_eq!((local[0][1], local[0][7]), (Interrupt::ExtInt as u8, 0));
+        assert_eq!((local[1][1], local[1][7]), (Interrupt::Nmi as u8, 1));
     }
 
     #[test]

@@ -78,15 +78,61 @@ pub fn write_pattern(w: &mut impl std::io::Write, len: u64, seed: u64) -> std::i
 
 /// Reads `r` to its end, going on from `sum`: the byte count and the checksum.
 pub fn read_checksum(r: &mut impl std::io::Read, mut sum: Checksum) -> std::io::Result<(u64, u64)> {
-    let mut buf = vec![0u8; 1 << 16];
     let mut total = 0u64;
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            return Ok((total, sum.value()));
+    each_read(r, 1 << 16, |data| {
+        sum.update(data);
+        total += data.len() as u64;
+    })?;
+    Ok((total, sum.value()))
+}
+
+/// What a stream read to its end held, and how fast it came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub bytes: u64,
+    pub checksum: u64,
+    /// Bytes per second of what came after the first `skip` bytes, to the end; 0 if there
+    /// were no more.
+    pub rate: u64,
+}
+
+/// Reads `r` to its end in reads of up to `chunk` bytes; the rate leaves out the first
+/// `skip` bytes, which a TCP stream needs to open its window.
+pub fn receive(r: &mut impl std::io::Read, skip: u64, chunk: usize) -> std::io::Result<Received> {
+    let mut sum = Checksum::default();
+    let mut total = 0u64;
+    // When the first `skip` bytes were in, and the total then.
+    let mut after_skip: Option<(std::time::Instant, u64)> = None;
+    each_read(r, chunk, |data| {
+        sum.update(data);
+        total += data.len() as u64;
+        if after_skip.is_none() && total >= skip {
+            after_skip = Some((std::time::Instant::now(), total));
         }
-        sum.update(&buf[..n]);
-        total += n as u64;
+    })?;
+    let rate = after_skip.map_or(0, |(at, base)| {
+        let us = at.elapsed().as_micros().max(1);
+        (u128::from(total - base) * 1_000_000 / us) as u64
+    });
+    Ok(Received {
+        bytes: total,
+        checksum: sum.value(),
+        rate,
+    })
+}
+
+/// Calls `each` with what every read of `r` returns, until its end.
+fn each_read(
+    r: &mut impl std::io::Read,
+    chunk: usize,
+    mut each: impl FnMut(&[u8]),
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; chunk];
+    loop {
+        match r.read(&mut buf)? {
+            0 => return Ok(()),
+            n => each(&buf[..n]),
+        }
     }
 }
 
@@ -117,6 +163,14 @@ mod tests {
         assert_eq!(written, whole);
         let read = read_checksum(&mut &written[..], Checksum::default()).unwrap();
         assert_eq!(read, (1000, sum.value()));
+        let got = receive(&mut &written[..], 100, 64).unwrap();
+        assert_eq!((got.bytes, got.checksum), (1000, sum.value()));
+        let short = receive(&mut &written[..10], 100, 64).unwrap();
+        assert_eq!(
+            (short.bytes, short.rate),
+            (10, 0),
+            "no rate for a stream under skip"
+        );
         assert_ne!(pattern_checksum(7, 1000), pattern_checksum(8, 1000));
     }
 }

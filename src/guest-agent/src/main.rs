@@ -38,7 +38,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
-use guest_agent::{write_pattern, Checksum};
+use guest_agent::{receive, write_pattern};
 
 const CHUNK: usize = 1 << 18;
 
@@ -179,33 +179,13 @@ fn recv(host: &str, port: &str, skip: &str) -> Result<String> {
     let skip = number(skip)?;
     let mut stream = TcpStream::connect(addr(host, port)?).map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let mut sum = Checksum::default();
-    let mut buf = vec![0u8; CHUNK];
-    let mut total = 0u64;
-    // When the first SKIP bytes were in, and the total then.
-    let mut after_skip: Option<(Instant, u64)> = None;
-    loop {
-        let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
-        if n == 0 {
-            break;
-        }
-        sum.update(&buf[..n]);
-        total += n as u64;
-        if after_skip.is_none() && total >= skip {
-            after_skip = Some((Instant::now(), total));
-        }
-    }
-    let rate = match after_skip {
-        Some((at, base)) => {
-            let us = at.elapsed().as_micros().max(1);
-            u128::from(total - base) * 1_000_000 / us
-        }
-        None => 0,
-    };
+    let got = receive(&mut stream, skip, CHUNK).map_err(|e| e.to_string())?;
     Ok(format!(
-        "received {total} checksum {:016x} in {} ms rate_bps {rate}",
-        sum.value(),
-        started.elapsed().as_millis()
+        "received {} checksum {:016x} in {} ms rate_bps {}",
+        got.bytes,
+        got.checksum,
+        started.elapsed().as_millis(),
+        got.rate
     ))
 }
 

@@ -78,7 +78,7 @@ ap_trampoline:
         movl %cr0, %eax
         orl $1, %eax
         movl %eax, %cr0
-        ljmpl $0x08, $(AP_BASE + ap_protected - ap_trampoline)
+        ljmpl $0x18, $(AP_BASE + ap_protected - ap_trampoline)
         .code32
 ap_protected:
         movw $0x10, %ax
@@ -86,25 +86,23 @@ ap_protected:
         lock incl ap_count
 3:      hlt
         jmp 3b
-        .balign 8
-ap_gdt:
-        .quad 0
-        .quad 0x00cf9a000000ffff        /* 32-bit code */
-        .quad 0x00cf92000000ffff        /* data */
+/* The GDT every CPU uses; it lies below 4 GiB, where a real-mode lgdtl reaches. */
 ap_gdt_desc:
-        .word 23
-        .long AP_BASE + ap_gdt - ap_trampoline
+        .word gdt_end - gdt - 1
+        .long gdt
 ap_trampoline_end:
 
         .data
         .balign 8
-gdt64:
+gdt:
         .quad 0
-        .quad 0x00af9a000000ffff        /* 64-bit code */
-        .quad 0x00cf92000000ffff        /* data */
+        .quad 0x00af9a000000ffff        /* 0x08: 64-bit code */
+        .quad 0x00cf92000000ffff        /* 0x10: data */
+        .quad 0x00cf9a000000ffff        /* 0x18: 32-bit code, for the APs' way up */
+gdt_end:
 gdt64_desc:
-        .word 23
-        .quad gdt64
+        .word gdt_end - gdt - 1
+        .quad gdt
 
         .globl ap_count
         .balign 4

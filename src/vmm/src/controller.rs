@@ -20,7 +20,9 @@ use crate::event_loop::{Subscriber, Wakeup};
 use crate::metrics_writer::MetricsWriter;
 use crate::microvm::MicroVm;
 use crate::resources::VmResources;
-use crate::rpc::{self, ActionError, ActionResult, InstanceInfo, VmmAction, VmmData, VmmSide};
+use crate::rpc::{
+    self, ActionError, ActionResult, InstanceInfo, Phase, VmmAction, VmmData, VmmSide,
+};
 use crate::snapshot::load::{LoadError, Prepared, SnapshotLoadParams};
 use crate::snapshot::{self, Setup};
 use crate::{ExitSignal, VmExit, VmmFailure};
@@ -297,7 +299,11 @@ impl Controller {
 
     /// One request, with Firecracker's rules for what is allowed before and after boot.
     fn dispatch(&mut self, action: VmmAction) -> ActionResult {
-        let booted = self.vm.is_some();
+        match (action.phase(), self.vm.is_some()) {
+            (Phase::PreBoot, true) => return Err(ActionError::NotSupportedPostBoot),
+            (Phase::PostBoot, false) => return Err(ActionError::NotSupportedPreBoot),
+            _ => {}
+        }
         match action {
             VmmAction::GetInstanceInfo => Ok(VmmData::InstanceInfo(InstanceInfo {
                 app_name: "Ember".into(),
@@ -311,37 +317,6 @@ impl Controller {
             )),
             VmmAction::GetFullConfig => {
                 Ok(VmmData::FullConfig(Box::new(self.resources.to_config())))
-            }
-            VmmAction::PutMachineConfig(_)
-            | VmmAction::PatchMachineConfig(_)
-            | VmmAction::PutBootSource(_)
-            | VmmAction::PutDrive(_)
-            | VmmAction::PutNetworkInterface(_)
-            | VmmAction::PutMmdsConfig(_)
-            | VmmAction::PutEntropy(_)
-            | VmmAction::PutVsock(_)
-            | VmmAction::PutCpuConfig(_)
-            | VmmAction::PutSerial(_)
-            | VmmAction::PutBalloon(_)
-            | VmmAction::PutLogger(_)
-            | VmmAction::PutMetrics(_)
-            | VmmAction::InstanceStart
-            | VmmAction::LoadSnapshot(_)
-                if booted =>
-            {
-                Err(ActionError::NotSupportedPostBoot)
-            }
-            VmmAction::PatchDrive(_)
-            | VmmAction::RescanDrive(_)
-            | VmmAction::PatchNetworkInterface(_)
-            | VmmAction::SendCtrlAltDel
-            | VmmAction::FlushMetrics
-            | VmmAction::Pause
-            | VmmAction::Resume
-            | VmmAction::CreateSnapshot(_)
-                if !booted =>
-            {
-                Err(ActionError::NotSupportedPreBoot)
             }
             VmmAction::PutMachineConfig(machine) => {
                 self.configured(|r| r.set_machine_config(machine))

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use devices::pci::msix::Message;
 use devices::pci::root::BarMoved;
-use devices::virtio::pci::{MsiRouter, NOTIFY_MULTIPLIER, NOTIFY_OFFSET};
+use devices::virtio::pci::{notify_offset, MsiRouter};
 use kvm_bindings::{
     kvm_irq_routing_entry, KvmIrqRouting, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
     KVM_IRQCHIP_PIC_SLAVE, KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI,
@@ -117,7 +117,7 @@ impl MsiRouter for DeviceRoutes {
     }
 }
 
-/// A device's queue-notify ioeventfds, at `NOTIFY_OFFSET + 4 × queue` in its BAR, moved
+/// A device's queue-notify ioeventfds, at [`notify_offset`] in its BAR, moved
 /// when the guest moves the BAR.
 #[derive(Debug)]
 pub struct NotifyEvents {
@@ -127,7 +127,7 @@ pub struct NotifyEvents {
 
 /// Where queue `queue`'s notification lands for a BAR at `bar`.
 pub fn notify_addr(bar: u64, queue: usize) -> u64 {
-    bar + NOTIFY_OFFSET + queue as u64 * u64::from(NOTIFY_MULTIPLIER)
+    bar + notify_offset(queue)
 }
 
 impl NotifyEvents {

@@ -61,7 +61,33 @@ pub enum VmmAction {
     LoadSnapshot(crate::snapshot::load::SnapshotLoadParams),
 }
 
+/// When Firecracker allows an action: before the microVM starts, after, or at any time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    PreBoot,
+    PostBoot,
+    Any,
+}
+
 impl VmmAction {
+    /// When the action is allowed. Every action is listed, so a new one must choose.
+    pub fn phase(&self) -> Phase {
+        use VmmAction::*;
+        match self {
+            PutMachineConfig(_) | PatchMachineConfig(_) | PutBootSource(_) => Phase::PreBoot,
+            PutDrive(_) | PutNetworkInterface(_) | PutMmdsConfig(_) => Phase::PreBoot,
+            PutEntropy(_) | PutVsock(_) | PutCpuConfig(_) | PutSerial(_) => Phase::PreBoot,
+            PutBalloon(_) | PutLogger(_) | PutMetrics(_) => Phase::PreBoot,
+            InstanceStart | LoadSnapshot(_) => Phase::PreBoot,
+            PatchDrive(_) | RescanDrive(_) | PatchNetworkInterface(_) => Phase::PostBoot,
+            SendCtrlAltDel | FlushMetrics | Pause | Resume | CreateSnapshot(_) => Phase::PostBoot,
+            GetInstanceInfo | GetVersion | GetMachineConfig | GetFullConfig => Phase::Any,
+            PatchBalloon(_) | PatchBalloonStats(_) | GetBalloon | GetBalloonStats => Phase::Any,
+            StartBalloonHinting(_) | StopBalloonHinting | GetBalloonHinting => Phase::Any,
+            PutMmds(_) | PatchMmds(_) | GetMmds => Phase::Any,
+        }
+    }
+
     /// The operation whose duration `latencies_us` reports, if this is one.
     pub fn timed(&self) -> Option<telemetry::Timed> {
         use telemetry::Timed;

@@ -4,29 +4,11 @@
 //! else (read-only fields, reserved registers, offsets past the 256-byte header) reads as
 //! hardware would and ignores writes, so no guest value can break the layout.
 
+use std::mem::offset_of;
+
 /// The size of the conventional configuration space; ECAM gives each function 4 KiB, and
 /// what lies past this reads as zero (no extended capabilities).
 pub const CONFIG_SIZE: usize = 256;
-
-const VENDOR_ID: usize = 0x00;
-const COMMAND: usize = 0x04;
-const STATUS: usize = 0x06;
-const REVISION: usize = 0x08;
-const HEADER_TYPE: usize = 0x0e;
-const BAR0: usize = 0x10;
-const SUBSYSTEM_VENDOR_ID: usize = 0x2c;
-const CAPABILITIES_POINTER: usize = 0x34;
-const INTERRUPT_LINE: usize = 0x3c;
-const INTERRUPT_PIN: usize = 0x3d;
-/// Where capabilities may start: after the header.
-const FIRST_CAPABILITY: usize = 0x40;
-
-/// Command bits software may set: memory space, bus master, INTx disable.
-const COMMAND_WRITABLE: u16 = COMMAND_MEMORY | (1 << 2) | (1 << 10);
-const COMMAND_MEMORY: u16 = 1 << 1;
-const STATUS_CAPABILITIES: u16 = 1 << 4;
-const BAR_64BIT: u32 = 0b100;
-const BAR_PREFETCHABLE: u32 = 0b1000;
 
 /// Who the function says it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +27,48 @@ pub struct Ids {
 pub struct Bar {
     pub size: u64,
 }
+
+/// The type-0 header (PCI Local Bus 3.0, 6.1), whose layout gives the registers' offsets.
+#[allow(dead_code, reason = "only the layout is used, through offset_of!")]
+#[repr(C)]
+struct Header {
+    vendor_id: u16,
+    device_id: u16,
+    command: u16,
+    status: u16,
+    revision: u8,
+    class_code: [u8; 3],
+    cache_line_size: u8,
+    latency_timer: u8,
+    header_type: u8,
+    bist: u8,
+    bars: [u32; 6],
+    cardbus_cis: u32,
+    subsystem_vendor_id: u16,
+    subsystem_id: u16,
+    expansion_rom: u32,
+    capabilities_pointer: u8,
+    reserved: [u8; 7],
+    interrupt_line: u8,
+    interrupt_pin: u8,
+    min_grant: u8,
+    max_latency: u8,
+}
+
+const COMMAND: usize = offset_of!(Header, command);
+const STATUS: usize = offset_of!(Header, status);
+const BAR0: usize = offset_of!(Header, bars);
+const CAPABILITIES_POINTER: usize = offset_of!(Header, capabilities_pointer);
+/// Where capabilities may start: after the header.
+const FIRST_CAPABILITY: usize = size_of::<Header>();
+const _: () = assert!(FIRST_CAPABILITY == 0x40);
+
+/// Command bits software may set: memory space, bus master, INTx disable.
+const COMMAND_WRITABLE: u16 = COMMAND_MEMORY | (1 << 2) | (1 << 10);
+const COMMAND_MEMORY: u16 = 1 << 1;
+const STATUS_CAPABILITIES: u16 = 1 << 4;
+const BAR_64BIT: u32 = 0b100;
+const BAR_PREFETCHABLE: u32 = 0b1000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigSpace {
@@ -69,13 +93,22 @@ impl ConfigSpace {
             caps_end: FIRST_CAPABILITY,
             last_cap: None,
         };
-        c.put(VENDOR_ID, &ids.vendor.to_le_bytes());
-        c.put(VENDOR_ID + 2, &ids.device.to_le_bytes());
-        c.put(REVISION, &[ids.revision]);
-        c.put(REVISION + 1, &ids.class.to_le_bytes()[..3]);
-        c.put(HEADER_TYPE, &[0]);
-        c.put(SUBSYSTEM_VENDOR_ID, &ids.subsystem_vendor.to_le_bytes());
-        c.put(SUBSYSTEM_VENDOR_ID + 2, &ids.subsystem.to_le_bytes());
+        c.put(offset_of!(Header, vendor_id), &ids.vendor.to_le_bytes());
+        c.put(offset_of!(Header, device_id), &ids.device.to_le_bytes());
+        c.put(offset_of!(Header, revision), &[ids.revision]);
+        c.put(
+            offset_of!(Header, class_code),
+            &ids.class.to_le_bytes()[..3],
+        );
+        c.put(offset_of!(Header, header_type), &[0]);
+        c.put(
+            offset_of!(Header, subsystem_vendor_id),
+            &ids.subsystem_vendor.to_le_bytes(),
+        );
+        c.put(
+            offset_of!(Header, subsystem_id),
+            &ids.subsystem.to_le_bytes(),
+        );
         c.allow(COMMAND, &COMMAND_WRITABLE.to_le_bytes());
         for (i, bar) in bars.iter().enumerate() {
             assert!(
@@ -89,8 +122,8 @@ impl ConfigSpace {
             c.allow(at, &(mask as u32).to_le_bytes());
             c.allow(at + 4, &((mask >> 32) as u32).to_le_bytes());
         }
-        c.allow(INTERRUPT_LINE, &[0xff]);
-        c.put(INTERRUPT_PIN, &[0]);
+        c.allow(offset_of!(Header, interrupt_line), &[0xff]);
+        c.put(offset_of!(Header, interrupt_pin), &[0]);
         c
     }
 

@@ -2,7 +2,6 @@
 //! namespace the test creates and removes, so no traffic reaches any other network. Host-side
 //! peers run on threads that joined the namespace.
 
-use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::Command;
@@ -209,13 +208,7 @@ pub fn accept(listener: &TcpListener, deadline: Duration) -> TcpStream {
 }
 
 /// What a host-side [`sink`] read from its connection.
-#[derive(Debug)]
-pub struct Received {
-    pub bytes: u64,
-    pub checksum: u64,
-    /// Bytes per second of what came after the first `skip` bytes, to the end.
-    pub rate: u64,
-}
+pub use guest_agent::Received;
 
 /// A host-side peer in `ns`: listens on `addr` (before this returns), takes the first
 /// connection and hands it to `serve` on its own thread.
@@ -238,30 +231,8 @@ fn peer<T: Send + 'static>(
 /// A peer that reads one connection to its end.
 pub fn sink(ns: &NetNs, addr: &str, skip: u64) -> std::thread::JoinHandle<Received> {
     peer(ns, addr, move |mut stream| {
-        let mut sum = guest_agent::Checksum::default();
-        let mut buf = vec![0u8; 1 << 18];
-        let (mut total, mut mark) = (0u64, None);
-        loop {
-            let n = stream.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            sum.update(&buf[..n]);
-            total += n as u64;
-            if mark.is_none() && total >= skip {
-                mark = Some((Instant::now(), total));
-            }
-        }
-        // The guest waits for this close to know the data arrived.
-        drop(stream);
-        let rate = mark.map_or(0, |(at, base)| {
-            ((total - base) as f64 / at.elapsed().as_secs_f64()) as u64
-        });
-        Received {
-            bytes: total,
-            checksum: sum.value(),
-            rate,
-        }
+        guest_agent::receive(&mut stream, skip, 1 << 18).unwrap()
+        // Dropping the stream closes it: the guest waits for that to know the data arrived.
     })
 }
 

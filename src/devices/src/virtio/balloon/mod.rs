@@ -38,16 +38,29 @@ const PFN_SHIFT: u64 = 12;
 const PAGES_PER_MIB: u32 = 256;
 /// Page numbers one inflate or deflate buffer may hold (Linux's driver sends up to 256).
 const MAX_PFNS_PER_DESC: u32 = 4096;
-const F_STATS_VQ: u64 = 1;
-const F_DEFLATE_ON_OOM: u64 = 2;
-const F_FREE_PAGE_HINT: u64 = 3;
-const F_REPORTING: u64 = 5;
-const INFLATE: usize = 0;
-const DEFLATE: usize = 1;
-const STATS: usize = 2;
 /// Largest free range one reporting descriptor may name: Linux reports blocks of at most
 /// its largest buddy order (4 MiB); more bounds the work one descriptor causes.
 const MAX_REPORTED_RANGE: u32 = 64 << 20;
+
+/// The balloon's own feature bits (virtio 1.2, 5.5.3).
+#[derive(Debug, Clone, Copy)]
+enum Feature {
+    StatsVq = 1,
+    DeflateOnOom = 2,
+    FreePageHint = 3,
+    Reporting = 5,
+}
+
+impl Feature {
+    const fn bit(self) -> u64 {
+        1 << self as u64
+    }
+}
+
+/// The fixed queues' indices; the hinting and reporting queues follow those offered.
+const INFLATE: usize = 0;
+const DEFLATE: usize = 1;
+const STATS: usize = 2;
 
 /// What the builder needs to make the balloon.
 #[derive(Debug, Clone)]
@@ -92,21 +105,21 @@ impl Balloon {
         let mut avail_features = 1u64 << VIRTIO_F_VERSION_1;
         let mut queues = 2;
         if config.stats_polling_interval_s > 0 {
-            avail_features |= 1 << F_STATS_VQ;
+            avail_features |= Feature::StatsVq.bit();
             queues = 3;
         }
         if config.deflate_on_oom {
-            avail_features |= 1 << F_DEFLATE_ON_OOM;
+            avail_features |= Feature::DeflateOnOom.bit();
         }
         let mut hinting = None;
         if config.free_page_hinting {
-            avail_features |= 1 << F_FREE_PAGE_HINT;
+            avail_features |= Feature::FreePageHint.bit();
             hinting = Some(queues);
             queues += 1;
         }
         let mut reporting = None;
         if config.free_page_reporting {
-            avail_features |= 1 << F_REPORTING;
+            avail_features |= Feature::Reporting.bit();
             reporting = Some(queues);
             queues += 1;
         }

@@ -180,7 +180,7 @@ fn reported_free_ranges_go_back_to_the_host_and_bad_ones_are_counted() {
         metrics: metrics.clone(),
     })
     .unwrap();
-    assert_ne!(b.avail_features() & (1 << super::F_REPORTING), 0);
+    assert_ne!(b.avail_features() & super::Feature::Reporting.bit(), 0);
     assert_eq!(
         b.queue_events().len(),
         4,
@@ -298,7 +298,7 @@ fn a_hinting_run_gives_back_the_blocks_of_the_current_run_only() {
     use super::hinting::HintingError;
     let mem = memory();
     let (mut b, metrics) = hinting_balloon();
-    assert_ne!(b.avail_features() & (1 << super::F_FREE_PAGE_HINT), 0);
+    assert_ne!(b.avail_features() & super::Feature::FreePageHint.bit(), 0);
     // Inflate, deflate, statistics, hinting, reporting: Linux's order.
     assert_eq!(b.queue_events().len(), 5);
     assert_eq!(

@@ -23,39 +23,77 @@ pub use interrupt::{MsiRouter, PciInterrupt};
 const VIRTIO_VENDOR: u16 = 0x1af4;
 const MODERN_DEVICE_BASE: u16 = 0x1040;
 
-/// The BAR's layout: one 4 KiB page per structure.
+/// The BAR: one 4 KiB page per structure, the MSI-X table taking two.
 pub const BAR_SIZE: u64 = 0x8000;
-const COMMON_OFFSET: u64 = 0x0000;
-const ISR_OFFSET: u64 = 0x1000;
-const DEVICE_OFFSET: u64 = 0x2000;
-const DEVICE_LEN: u64 = 0x1000;
-pub const NOTIFY_OFFSET: u64 = 0x3000;
-/// Queue `n` is notified by a write at `NOTIFY_OFFSET + n * NOTIFY_MULTIPLIER`.
-pub const NOTIFY_MULTIPLIER: u32 = 4;
-const MSIX_TABLE_OFFSET: u64 = 0x4000;
-const MSIX_PBA_OFFSET: u64 = 0x6000;
 const PAGE: u64 = 0x1000;
+/// Queue `n` is notified by a write at `n * NOTIFY_MULTIPLIER` into the notification page.
+const NOTIFY_MULTIPLIER: u32 = 4;
+const DEVICE_CONFIG_LEN: u64 = PAGE;
 
-// virtio_pci_cap cfg_type values.
-const CAP_COMMON: u8 = 1;
-const CAP_NOTIFY: u8 = 2;
-const CAP_ISR: u8 = 3;
-const CAP_DEVICE: u8 = 4;
+/// The structures in the BAR, each numbered by the page it starts at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Region {
+    Common = 0,
+    Isr = 1,
+    DeviceConfig = 2,
+    Notify = 3,
+    MsixTable = 4,
+    MsixPba = 6,
+}
+
+impl Region {
+    const ALL: [Region; 6] = [
+        Region::Common,
+        Region::Isr,
+        Region::DeviceConfig,
+        Region::Notify,
+        Region::MsixTable,
+        Region::MsixPba,
+    ];
+
+    /// Where the structure starts in the BAR.
+    const fn start(self) -> u64 {
+        self as u64 * PAGE
+    }
+
+    /// The structure a BAR offset falls in, and the offset within it.
+    fn at(offset: u64) -> Option<(Region, u64)> {
+        let region = Self::ALL
+            .into_iter()
+            .find(|r| r.start() == offset / PAGE * PAGE)?;
+        Some((region, offset - region.start()))
+    }
+}
+
+/// Where in the BAR a write notifies queue `queue`.
+pub fn notify_offset(queue: usize) -> u64 {
+    Region::Notify.start() + queue as u64 * u64::from(NOTIFY_MULTIPLIER)
+}
+
+/// The `cfg_type` of a virtio capability: which structure it points at.
+enum CapType {
+    Common = 1,
+    Notify = 2,
+    Isr = 3,
+    DeviceConfig = 4,
+}
+
+/// PCI's capability ID for a vendor-specific capability, which virtio's are.
 const CAP_VENDOR: u8 = 0x09;
 
 /// A virtio capability (`virtio_pci_cap`) for BAR 0, with `extra` after it.
-fn virtio_cap(cfg_type: u8, offset: u64, len: u64, extra: &[u8]) -> Vec<u8> {
+fn virtio_cap(cfg_type: CapType, region: Region, len: u64, extra: &[u8]) -> Vec<u8> {
     let mut c = vec![
         CAP_VENDOR,
         0,
         (16 + extra.len()) as u8,
-        cfg_type,
+        cfg_type as u8,
         0,
         0,
         0,
         0,
     ];
-    c.extend_from_slice(&(offset as u32).to_le_bytes());
+    c.extend_from_slice(&(region.start() as u32).to_le_bytes());
     c.extend_from_slice(&(len as u32).to_le_bytes());
     c.extend_from_slice(extra);
     c
@@ -102,22 +140,34 @@ impl PciTransport {
             .msix
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .capability(0, MSIX_TABLE_OFFSET as u32, MSIX_PBA_OFFSET as u32);
+            .capability(
+                0,
+                Region::MsixTable.start() as u32,
+                Region::MsixPba.start() as u32,
+            );
         let msix_cap = config.add_capability(&cap, &writable);
         config.add_capability(
-            &virtio_cap(CAP_COMMON, COMMON_OFFSET, common_config::LEN, &[]),
+            &virtio_cap(CapType::Common, Region::Common, common_config::LEN, &[]),
             &[],
         );
         let notify_len = queues * u64::from(NOTIFY_MULTIPLIER);
         let notify = virtio_cap(
-            CAP_NOTIFY,
-            NOTIFY_OFFSET,
+            CapType::Notify,
+            Region::Notify,
             notify_len,
             &NOTIFY_MULTIPLIER.to_le_bytes(),
         );
         config.add_capability(&notify, &[]);
-        config.add_capability(&virtio_cap(CAP_ISR, ISR_OFFSET, 1, &[]), &[]);
-        config.add_capability(&virtio_cap(CAP_DEVICE, DEVICE_OFFSET, DEVICE_LEN, &[]), &[]);
+        config.add_capability(&virtio_cap(CapType::Isr, Region::Isr, 1, &[]), &[]);
+        config.add_capability(
+            &virtio_cap(
+                CapType::DeviceConfig,
+                Region::DeviceConfig,
+                DEVICE_CONFIG_LEN,
+                &[],
+            ),
+            &[],
+        );
         PciTransport {
             state: TransportState::new(device, mem, irq.clone()),
             irq,
@@ -160,35 +210,39 @@ impl PciTransport {
     /// A read in the BAR, at `offset` from its start.
     pub fn bar_read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
-        match offset / PAGE * PAGE {
-            COMMON_OFFSET => common_config::read(&self.state, &self.irq, offset, data),
-            ISR_OFFSET if offset == ISR_OFFSET && data.len() == 1 => {
-                data[0] = self.irq.read_isr();
-            }
-            DEVICE_OFFSET => lock(&self.state.device).read_config(offset - DEVICE_OFFSET, data),
-            MSIX_TABLE_OFFSET => self.msix().table_read(offset - MSIX_TABLE_OFFSET, data),
-            MSIX_PBA_OFFSET => self.msix().pba_read(offset - MSIX_PBA_OFFSET, data),
-            _ => {}
+        let Some((region, at)) = Region::at(offset) else {
+            return;
+        };
+        match region {
+            Region::Common => common_config::read(&self.state, &self.irq, at, data),
+            Region::Isr if at == 0 && data.len() == 1 => data[0] = self.irq.read_isr(),
+            Region::DeviceConfig => lock(&self.state.device).read_config(at, data),
+            Region::MsixTable => self.msix().table_read(at, data),
+            Region::MsixPba => self.msix().pba_read(at, data),
+            Region::Isr | Region::Notify => {}
         }
     }
 
     /// A write in the BAR.
     pub fn bar_write(&mut self, offset: u64, data: &[u8]) {
-        match offset / PAGE * PAGE {
-            COMMON_OFFSET => common_config::write(&mut self.state, &self.irq, offset, data),
-            DEVICE_OFFSET if self.state.status & FAILED == 0 => {
-                lock(&self.state.device).write_config(offset - DEVICE_OFFSET, data);
+        let Some((region, at)) = Region::at(offset) else {
+            return;
+        };
+        match region {
+            Region::Common => common_config::write(&mut self.state, &self.irq, at, data),
+            Region::DeviceConfig if self.state.status & FAILED == 0 => {
+                lock(&self.state.device).write_config(at, data);
             }
-            NOTIFY_OFFSET => {
+            Region::Notify => {
                 // A notification that came as an exit rather than through the ioeventfd.
-                let queue = (offset - NOTIFY_OFFSET) / u64::from(NOTIFY_MULTIPLIER);
-                self.state.notify(queue as u32);
+                self.state
+                    .notify((at / u64::from(NOTIFY_MULTIPLIER)) as u32);
             }
-            MSIX_TABLE_OFFSET => {
-                let released = self.msix().table_write(offset - MSIX_TABLE_OFFSET, data);
+            Region::MsixTable => {
+                let released = self.msix().table_write(at, data);
                 self.irq.update_routes(released);
             }
-            _ => {}
+            Region::DeviceConfig | Region::Isr | Region::MsixPba => {}
         }
     }
 

@@ -156,10 +156,10 @@ fn configuration_space_announces_a_modern_virtio_device_and_its_structures() {
         capabilities(&f.t),
         vec![
             (0x11, 0x00, 0x6000),
-            (0x09, CAP_COMMON, 0x0000),
-            (0x09, CAP_NOTIFY, 0x3000),
-            (0x09, CAP_ISR, 0x1000),
-            (0x09, CAP_DEVICE, 0x2000),
+            (0x09, CapType::Common as u8, 0x0000),
+            (0x09, CapType::Notify as u8, 0x3000),
+            (0x09, CapType::Isr as u8, 0x1000),
+            (0x09, CapType::DeviceConfig as u8, 0x2000),
         ]
     );
     assert_eq!(f.t.bar_address(), Some(0xe000_0000));
