@@ -70,11 +70,8 @@ fn a_guest_configured_through_the_api_boots_and_its_config_replays() {
     c.put("/actions", &json!({"action_type": "SendCtrlAltDel"}))
         .expect(204, "");
     assert_eq!(first.wait_exit(BOOT), Some(0), "{}", first.stdout());
-    let keys: Vec<String> = first
-        .guest_lines()
-        .into_iter()
-        .filter_map(|l| l.strip_prefix("key ").map(str::to_string))
-        .collect();
+    let out = first.stdout();
+    let keys = after_prefix(&out, "guest: key ");
     assert_eq!(
         keys,
         ["0x1d", "0x38", "0xe0", "0x53", "0xe0", "0xd3", "0xb8", "0x9d"],
@@ -250,12 +247,7 @@ fn put_serial_sends_the_console_to_a_file_at_the_rate_it_sets() {
 
     // A FIFO nobody reads takes what fits and the guest runs to its end; a directory is
     // refused at InstanceStart with a sentence; bad bodies get 400.
-    let fifo = s.path("console.fifo");
-    assert!(std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success());
+    let fifo = s.fifo("console.fifo");
     let mut ember = Ember::start(&s, &[]);
     let mut c = ember.client();
     c.put("/serial", &json!({"serial_out_path": fifo}))

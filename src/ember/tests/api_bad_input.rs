@@ -118,13 +118,7 @@ fn limits_on_the_header_block_and_the_body() {
         .as_bytes(),
     )
     .expect(413, "over the limit of 64 bytes");
-    small
-        .client()
-        .put(
-            "/machine-config",
-            &json!({"vcpu_count": 1, "mem_size_mib": 64}),
-        )
-        .expect(204, "");
+    small.client().put_machine(1, 64).expect(204, "");
 }
 
 #[test]
@@ -178,12 +172,7 @@ fn hostile_bodies_get_a_fault_message() {
     )
     .expect(400, "cannot read the kernel image");
     // A FIFO is refused at once instead of holding the VMM thread until a writer comes.
-    let fifo = s.path("fifo");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    let fifo = s.fifo("fifo");
     c.put(
         "/drives/f",
         &json!({"drive_id": "f", "path_on_host": fifo, "is_root_device": false}),

@@ -77,10 +77,7 @@ fn metrics_are_written_every_60_seconds_and_on_flush() {
 #[test]
 fn a_metrics_pipe_nobody_reads_never_holds_up_the_vmm() {
     let s = kvm_scratch!("metrics-fifo");
-    let fifo = s.path("metrics.fifo");
-    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
-    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let fifo = s.fifo("metrics.fifo");
     let ember = Ember::start(&s, &[]);
     let mut c = ember.client();
     // No reader yet: accepted all the same.

@@ -21,11 +21,6 @@ use serde_json::json;
 /// one): past it, the call hung.
 const HANG: Duration = Duration::from_secs(30);
 
-fn mkfifo(path: &Path) {
-    let made = Command::new("mkfifo").arg(path).status().unwrap();
-    assert!(made.success());
-}
-
 /// A test guest that prints `tick N` forever, started through the API.
 fn ticking(s: &Scratch, extra: &[&str]) -> (Ember, Client) {
     let ember = Ember::start(s, extra);
@@ -83,12 +78,8 @@ fn huge_unknown_keys_and_long_values_get_400_and_the_guest_runs_on() {
             let long = "k".repeat(kib << 10);
             let mut body = serde_json::Map::new();
             body.insert(long.clone(), json!(1));
-            c.request(
-                "PUT",
-                "/machine-config",
-                Some(&serde_json::Value::Object(body).to_string()),
-            )
-            .expect(400, "");
+            c.put("/machine-config", &serde_json::Value::Object(body))
+                .expect(400, "");
             c.put("/actions", &json!({"action_type": long}))
                 .expect(400, "");
             let drive = json!({"drive_id": "d", "path_on_host": "/x", "is_root_device": false,
@@ -116,8 +107,7 @@ fn run_no_api(args: &[&str]) -> (Option<i32>, String) {
 #[test]
 fn config_and_metadata_files_that_are_devices_or_fifos_are_refused_at_once() {
     let s = Scratch::new("special-cli");
-    let fifo = s.path("fifo");
-    mkfifo(&fifo);
+    let fifo = s.fifo("fifo");
     let fifo = fifo.to_str().unwrap();
     let config = json!({"boot-source": {"kernel_image_path": test_guest::PVH_ELF}});
     let config = s.file("vm.json", config.to_string().as_bytes());
@@ -170,11 +160,7 @@ fn files_replaced_by_fifos_after_their_put_fail_the_start_instead_of_hanging_it(
         let disk = s.file("disk.img", &[0u8; 4096]);
         let ember = Ember::start(&s, &[]);
         let mut c = ember.client();
-        c.put(
-            "/machine-config",
-            &json!({"vcpu_count": 1, "mem_size_mib": 64}),
-        )
-        .expect(204, "");
+        c.put_machine(1, 64).expect(204, "");
         c.put("/boot-source", &json!({"kernel_image_path": kernel}))
             .expect(204, "");
         let drive = json!({"drive_id": "ro", "path_on_host": disk, "is_root_device": false,
@@ -198,8 +184,7 @@ fn files_replaced_by_fifos_after_their_put_fail_the_start_instead_of_hanging_it(
 #[test]
 fn snapshot_paths_that_are_devices_fifos_or_silent_sockets_are_refused_at_once() {
     let s = kvm_scratch!("special-snap");
-    let fifo = s.path("fifo");
-    mkfifo(&fifo);
+    let fifo = s.fifo("fifo");
     // A running guest: creating a snapshot into a FIFO fails, and the guest goes on.
     let (mut a, mut c) = ticking(&s, &[]);
     c.instance_start();

@@ -39,11 +39,9 @@ fn press_ctrl_alt_del(ember: &mut Ember, c: &mut Client) -> Vec<String> {
     c.put("/actions", &json!({"action_type": "SendCtrlAltDel"}))
         .expect(204, "");
     ember.wait_clean_exit(linux_deadline());
-    ember
-        .stdout()
-        .lines()
-        .filter(|l| l.starts_with("ember-key "))
-        .map(|l| l.trim().to_string())
+    after_prefix(&ember.stdout(), "ember-key ")
+        .into_iter()
+        .map(str::to_string)
         .collect()
 }
 
@@ -62,12 +60,12 @@ fn linux_configured_through_the_api_boots_sees_ctrl_alt_del_and_replays() {
     assert_eq!(
         keys,
         [
-            "ember-key code=29 value=1",
-            "ember-key code=56 value=1",
-            "ember-key code=111 value=1",
-            "ember-key code=111 value=0",
-            "ember-key code=56 value=0",
-            "ember-key code=29 value=0",
+            "code=29 value=1",
+            "code=56 value=1",
+            "code=111 value=1",
+            "code=111 value=0",
+            "code=56 value=0",
+            "code=29 value=0",
         ],
         "{}",
         ember.stdout()

@@ -86,31 +86,23 @@ fn every_thread_runs_under_its_filter_through_a_whole_run() {
     );
 
     // What a client does with a running microVM, all under the filters.
-    c.patch("/vm", &json!({"state": "Paused"})).expect(204, "");
-    c.patch("/vm", &json!({"state": "Resumed"})).expect(204, "");
     let other = s.file("other.img", &vec![1u8; 256 << 10]);
-    c.patch(
-        "/drives/data",
-        &json!({"drive_id": "data", "path_on_host": other}),
-    )
-    .expect(204, "");
-    c.patch(
-        "/drives/data",
-        &json!({"drive_id": "data", "rate_limiter": {"ops": {"size": 100, "refill_time": 100}}}),
-    )
-    .expect(204, "");
-    c.put(
-        "/actions",
-        &json!({"action_type": "BlockDeviceRescan", "payload": "data"}),
-    )
-    .expect(204, "");
-    c.put("/mmds", &json!({"latest": {"id": "x"}}))
-        .expect(204, "");
+    let ops = json!({"ops": {"size": 100, "refill_time": 100}});
+    #[rustfmt::skip]
+    let calls = [
+        ("PATCH", "/vm", json!({"state": "Paused"})),
+        ("PATCH", "/vm", json!({"state": "Resumed"})),
+        ("PATCH", "/drives/data", json!({"drive_id": "data", "path_on_host": other})),
+        ("PATCH", "/drives/data", json!({"drive_id": "data", "rate_limiter": ops})),
+        ("PUT", "/actions", json!({"action_type": "BlockDeviceRescan", "payload": "data"})),
+        ("PUT", "/mmds", json!({"latest": {"id": "x"}})),
+        ("PUT", "/actions", json!({"action_type": "FlushMetrics"})),
+        ("PUT", "/actions", json!({"action_type": "SendCtrlAltDel"})),
+    ];
+    for (method, path, body) in calls {
+        c.call(method, path, &body).expect(204, "");
+    }
     c.get("/vm/config").expect(200, "");
-    c.put("/actions", &json!({"action_type": "FlushMetrics"}))
-        .expect(204, "");
-    c.put("/actions", &json!({"action_type": "SendCtrlAltDel"}))
-        .expect(204, "");
     ember.wait_for("guest: tick 4", BOOT);
     assert_eq!(
         ember.terminate(),

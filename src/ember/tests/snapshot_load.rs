@@ -59,11 +59,8 @@ fn a_restored_guest_counts_on_from_where_it_stopped_and_its_disk_goes_on() {
         "snapshotted"
     );
     // Only post-boot requests from here.
-    c.put(
-        "/machine-config",
-        &json!({"vcpu_count": 1, "mem_size_mib": 128}),
-    )
-    .expect(400, "not supported after starting");
+    c.put_machine(1, 128)
+        .expect(400, "not supported after starting");
     c.put("/snapshot/load", &load_body(&state, &mem, true))
         .expect(400, "not supported after starting");
 
@@ -171,11 +168,7 @@ fn bad_snapshot_files_and_requests_are_refused_and_the_ember_stays_usable() {
     // A load on an ember that was configured is refused, as in Firecracker.
     let configured = ember_named(&s, "c");
     let mut c = configured.client();
-    c.put(
-        "/machine-config",
-        &json!({"vcpu_count": 1, "mem_size_mib": 64}),
-    )
-    .expect(204, "");
+    c.put_machine(1, 64).expect(204, "");
     c.put("/snapshot/load", &load_body(&state, &mem, true))
         .expect(400, "not allowed after configuring boot-specific resources");
 }

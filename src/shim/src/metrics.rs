@@ -9,50 +9,39 @@ use serde_json::Value;
 /// containerd's name for the message (its typeurl): how `ctr` knows what the bytes are.
 const TYPE_URL: &str = "io.containerd.cgroups.v2.Metrics";
 
+/// Sets each named field of `message` from the key of the same name in `stat` (0 if absent):
+/// cgroup v2's files and containerd's messages use the same names.
+macro_rules! same_names {
+    ($message:ident from $stat:expr; $($field:ident),* $(,)?) => {
+        $( $message.$field = $stat[stringify!($field)].as_u64().unwrap_or(0); )*
+    };
+}
+
 /// `reading` (the agent's `stats` answer) as containerd's `Metrics`, packed.
 pub fn from_agent(reading: &Value) -> Result<Any, String> {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let limit = |v: &Value| v.as_u64().unwrap_or(u64::MAX);
-    let memory_stat = &reading["memory.stat"];
-    let cpu_stat = &reading["cpu.stat"];
+    let mut cpu = CPUStat::default();
+    same_names!(cpu from reading["cpu.stat"];
+        usage_usec, user_usec, system_usec, nr_periods, nr_throttled, throttled_usec);
+    let mut memory = MemoryStat {
+        usage: n(&reading["memory.current"]),
+        usage_limit: limit(&reading["memory.max"]),
+        swap_usage: n(&reading["memory.swap.current"]),
+        swap_limit: limit(&reading["memory.swap.max"]),
+        ..Default::default()
+    };
+    same_names!(memory from reading["memory.stat"];
+        anon, file, kernel_stack, slab, sock, shmem, file_mapped, file_dirty, file_writeback,
+        inactive_anon, active_anon, inactive_file, active_file, unevictable, pgfault, pgmajfault);
     let metrics = Metrics {
         pids: MessageField::some(PidsStat {
             current: n(&reading["pids.current"]),
             limit: limit(&reading["pids.max"]),
             ..Default::default()
         }),
-        cpu: MessageField::some(CPUStat {
-            usage_usec: n(&cpu_stat["usage_usec"]),
-            user_usec: n(&cpu_stat["user_usec"]),
-            system_usec: n(&cpu_stat["system_usec"]),
-            nr_periods: n(&cpu_stat["nr_periods"]),
-            nr_throttled: n(&cpu_stat["nr_throttled"]),
-            throttled_usec: n(&cpu_stat["throttled_usec"]),
-            ..Default::default()
-        }),
-        memory: MessageField::some(MemoryStat {
-            usage: n(&reading["memory.current"]),
-            usage_limit: limit(&reading["memory.max"]),
-            swap_usage: n(&reading["memory.swap.current"]),
-            swap_limit: limit(&reading["memory.swap.max"]),
-            anon: n(&memory_stat["anon"]),
-            file: n(&memory_stat["file"]),
-            kernel_stack: n(&memory_stat["kernel_stack"]),
-            slab: n(&memory_stat["slab"]),
-            sock: n(&memory_stat["sock"]),
-            shmem: n(&memory_stat["shmem"]),
-            file_mapped: n(&memory_stat["file_mapped"]),
-            file_dirty: n(&memory_stat["file_dirty"]),
-            file_writeback: n(&memory_stat["file_writeback"]),
-            inactive_anon: n(&memory_stat["inactive_anon"]),
-            active_anon: n(&memory_stat["active_anon"]),
-            inactive_file: n(&memory_stat["inactive_file"]),
-            active_file: n(&memory_stat["active_file"]),
-            unevictable: n(&memory_stat["unevictable"]),
-            pgfault: n(&memory_stat["pgfault"]),
-            pgmajfault: n(&memory_stat["pgmajfault"]),
-            ..Default::default()
-        }),
+        cpu: MessageField::some(cpu),
+        memory: MessageField::some(memory),
         ..Default::default()
     };
     Ok(Any {
@@ -81,6 +70,7 @@ mod tests {
         assert_eq!(m.pids.current, 2);
         assert_eq!(m.pids.limit, u64::MAX);
         assert_eq!(m.cpu.usage_usec, 77);
+        assert_eq!(m.memory.file, 2048);
         assert_eq!(m.memory.swap_limit, u64::MAX);
     }
 }

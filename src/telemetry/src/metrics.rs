@@ -235,43 +235,28 @@ impl ApiMetrics {
         if failed {
             self.request_fails.inc();
         }
-        let (count, fails) = match method {
-            "GET" => {
-                let count = match resource {
-                    "" => &self.get.instance_info_count,
-                    "machine-config" => &self.get.machine_cfg_count,
-                    "mmds" => &self.get.mmds_count,
-                    "version" => &self.get.vmm_version_count,
-                    "vm" => &self.get.vm_config_count,
-                    _ => return,
-                };
-                (count, None)
+        let (get, put, patch) = (&self.get, &self.put, &self.patch);
+        let (count, fails) = match (method, resource) {
+            ("GET", "") => (&get.instance_info_count, None),
+            ("GET", "machine-config") => (&get.machine_cfg_count, None),
+            ("GET", "mmds") => (&get.mmds_count, None),
+            ("GET", "version") => (&get.vmm_version_count, None),
+            ("GET", "vm") => (&get.vm_config_count, None),
+            ("PUT", "actions") => (&put.actions_count, Some(&put.actions_fails)),
+            ("PUT", "boot-source") => (&put.boot_source_count, Some(&put.boot_source_fails)),
+            ("PUT", "drives") => (&put.drive_count, Some(&put.drive_fails)),
+            ("PUT", "logger") => (&put.logger_count, Some(&put.logger_fails)),
+            ("PUT", "machine-config") => (&put.machine_cfg_count, Some(&put.machine_cfg_fails)),
+            ("PUT", "metrics") => (&put.metrics_count, Some(&put.metrics_fails)),
+            ("PUT", "mmds") => (&put.mmds_count, Some(&put.mmds_fails)),
+            ("PUT", "network-interfaces") => (&put.network_count, Some(&put.network_fails)),
+            ("PATCH", "drives") => (&patch.drive_count, Some(&patch.drive_fails)),
+            ("PATCH", "machine-config") => {
+                (&patch.machine_cfg_count, Some(&patch.machine_cfg_fails))
             }
-            "PUT" => {
-                let p = &self.put;
-                match resource {
-                    "actions" => (&p.actions_count, Some(&p.actions_fails)),
-                    "boot-source" => (&p.boot_source_count, Some(&p.boot_source_fails)),
-                    "drives" => (&p.drive_count, Some(&p.drive_fails)),
-                    "logger" => (&p.logger_count, Some(&p.logger_fails)),
-                    "machine-config" => (&p.machine_cfg_count, Some(&p.machine_cfg_fails)),
-                    "metrics" => (&p.metrics_count, Some(&p.metrics_fails)),
-                    "mmds" => (&p.mmds_count, Some(&p.mmds_fails)),
-                    "network-interfaces" => (&p.network_count, Some(&p.network_fails)),
-                    _ => return,
-                }
-            }
-            "PATCH" => {
-                let p = &self.patch;
-                match resource {
-                    "drives" => (&p.drive_count, Some(&p.drive_fails)),
-                    "machine-config" => (&p.machine_cfg_count, Some(&p.machine_cfg_fails)),
-                    "mmds" => (&p.mmds_count, Some(&p.mmds_fails)),
-                    "network-interfaces" => (&p.network_count, Some(&p.network_fails)),
-                    "vm" => (&p.vm_count, Some(&p.vm_fails)),
-                    _ => return,
-                }
-            }
+            ("PATCH", "mmds") => (&patch.mmds_count, Some(&patch.mmds_fails)),
+            ("PATCH", "network-interfaces") => (&patch.network_count, Some(&patch.network_fails)),
+            ("PATCH", "vm") => (&patch.vm_count, Some(&patch.vm_fails)),
             _ => return,
         };
         count.inc();

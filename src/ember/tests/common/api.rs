@@ -92,12 +92,23 @@ impl Client {
         self.request("GET", path, None)
     }
 
+    /// A request with a JSON body.
+    pub fn call(&mut self, method: &str, path: &str, body: &serde_json::Value) -> Reply {
+        self.request(method, path, Some(&body.to_string()))
+    }
+
     pub fn put(&mut self, path: &str, body: &serde_json::Value) -> Reply {
-        self.request("PUT", path, Some(&body.to_string()))
+        self.call("PUT", path, body)
     }
 
     pub fn patch(&mut self, path: &str, body: &serde_json::Value) -> Reply {
-        self.request("PATCH", path, Some(&body.to_string()))
+        self.call("PATCH", path, body)
+    }
+
+    /// `PUT /machine-config` with a vCPU count and a memory size.
+    pub fn put_machine(&mut self, vcpus: u8, mib: u32) -> Reply {
+        let body = serde_json::json!({"vcpu_count": vcpus, "mem_size_mib": mib});
+        self.put("/machine-config", &body)
     }
 
     /// Configures a whole microVM: machine, boot source and drives (id, path, is_root),
@@ -305,9 +316,8 @@ impl Ember {
 
     /// The guest's report lines so far, without the "guest: " prefix.
     pub fn guest_lines(&self) -> Vec<String> {
-        self.stdout()
-            .lines()
-            .filter_map(|l| l.strip_prefix("guest: "))
+        super::after_prefix(&self.stdout(), "guest: ")
+            .into_iter()
             .map(str::to_string)
             .collect()
     }

@@ -119,11 +119,7 @@ pub fn configure_bus(
     cmd: &str,
     pci: bool,
 ) {
-    c.put(
-        "/machine-config",
-        &json!({"vcpu_count": vcpus, "mem_size_mib": mib}),
-    )
-    .expect(204, "");
+    c.put_machine(vcpus, mib).expect(204, "");
     let args = base_args(pci);
     c.put(
         "/boot-source",

@@ -71,6 +71,13 @@ pub fn metric_sum(lines: &[serde_json::Value], section: &str, field: &str) -> u6
         .sum()
 }
 
+/// What follows `prefix` on each line of `text` that starts with it, blanks trimmed, in order.
+pub fn after_prefix<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix(prefix))
+        .collect()
+}
+
 /// The first line of `text` that contains `needle`, or a panic that shows `text`.
 pub fn line_with<'a>(text: &'a str, needle: &str) -> &'a str {
     text.lines()
@@ -176,12 +183,28 @@ impl Scratch {
         self.0.join(file)
     }
 
+    /// Makes the FIFO `file` and returns its path.
+    pub fn fifo(&self, file: &str) -> PathBuf {
+        let p = self.path(file);
+        mkfifo(&p);
+        p
+    }
+
     /// Writes `bytes` to `file` and returns its path as a string.
     pub fn file(&self, file: &str, bytes: &[u8]) -> String {
         let p = self.path(file);
         std::fs::write(&p, bytes).unwrap();
         p.to_string_lossy().into_owned()
     }
+}
+
+/// Makes a FIFO at `path`.
+pub fn mkfifo(path: &Path) {
+    let made = Command::new("mkfifo").arg(path).status();
+    assert!(
+        made.as_ref().is_ok_and(|s| s.success()),
+        "mkfifo {path:?}: {made:?}"
+    );
 }
 
 impl Drop for Scratch {

@@ -20,10 +20,8 @@ pub fn ember_named(scratch: &Scratch, name: &str) -> Ember {
 
 /// The numbers of the `tick N` lines the test guest printed, in order.
 pub fn ticks(ember: &Ember) -> Vec<u64> {
-    ember
-        .guest_lines()
-        .iter()
-        .filter_map(|l| l.strip_prefix("tick "))
+    super::after_prefix(&ember.stdout(), "guest: tick ")
+        .into_iter()
         .filter_map(|n| n.parse().ok())
         .collect()
 }

@@ -243,6 +243,14 @@ mod prefixed_u32 {
     }
 }
 
+/// A custom template in Firecracker's format, for the unit tests: a capability removed and
+/// one added, two bits of leaf 1 ECX (subleaf written in binary) and one bit of an MSR.
+#[cfg(test)]
+pub const EXAMPLE_TEMPLATE: &str = r#"{"kvm_capabilities": ["!1", "7"],
+    "cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0b0", "flags": 0,
+        "modifiers": [{"register": "ecx", "bitmap": "0b0x10"}]}],
+    "msr_modifiers": [{"addr": "0x10a", "bitmap": "0b1"}]}"#;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,16 +272,10 @@ mod tests {
 
     #[test]
     fn templates_parse_in_firecrackers_format() {
-        let t: CpuTemplate = serde_json::from_str(
-            r#"{"kvm_capabilities": ["!56", "33"],
-                "cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0b0", "flags": 0,
-                    "modifiers": [{"register": "ecx", "bitmap": "0bx1"}]}],
-                "msr_modifiers": [{"addr": "0x10a", "bitmap": "0b0"}]}"#,
-        )
-        .unwrap();
+        let t: CpuTemplate = serde_json::from_str(EXAMPLE_TEMPLATE).unwrap();
         assert_eq!(
             t.kvm_capabilities,
-            vec![KvmCapability::Remove(56), KvmCapability::Add(33)]
+            vec![KvmCapability::Remove(1), KvmCapability::Add(7)]
         );
         assert_eq!(t.cpuid_modifiers[0].leaf, 1);
         assert_eq!(

@@ -18,6 +18,8 @@ mod vsock;
 
 pub use balloon::{check_amount, BalloonDeviceConfig, BalloonStatsUpdate, BalloonUpdate};
 pub use boot::BootSourceConfig;
+#[cfg(test)]
+pub use cpu::EXAMPLE_TEMPLATE;
 pub use cpu::{
     Bitmap, CpuConfig, CpuTemplate, CpuidLeafModifier, CpuidRegister, CpuidRegisterModifier,
     KvmCapability, MsrModifier, StaticCpuTemplate,
@@ -38,27 +40,22 @@ use serde::{Deserialize, Serialize};
 /// the keys of Firecracker's `FullVmConfiguration`. `GET` shows every key, as Firecracker
 /// does: `null` or `[]` where nothing is set.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct VmConfig {
-    #[serde(rename = "balloon", default)]
     pub balloon: Option<BalloonDeviceConfig>,
     #[serde(default)]
     pub drives: Vec<DriveConfig>,
     /// Required in a config file; `GET /vm/config` shows an empty kernel path until it is
     /// set, as Firecracker does.
-    #[serde(rename = "boot-source", default)]
     pub boot_source: Option<BootSourceConfig>,
-    #[serde(rename = "cpu-config", default)]
     pub cpu_config: Option<CpuConfig>,
     /// Applied when ember starts; `GET /vm/config` shows `null`, as Firecracker does.
     pub logger: Option<LoggerConfig>,
-    #[serde(rename = "machine-config", default)]
     pub machine_config: Option<MachineConfig>,
     /// Applied when ember starts; `GET /vm/config` shows `null`, as Firecracker does.
     pub metrics: Option<MetricsConfig>,
-    #[serde(rename = "mmds-config", default)]
     pub mmds_config: Option<MmdsConfig>,
-    #[serde(rename = "network-interfaces", default)]
+    #[serde(default)]
     pub network_interfaces: Vec<NetworkInterfaceConfig>,
     pub vsock: Option<VsockDeviceConfig>,
     /// `null` asks for no device.
@@ -68,7 +65,6 @@ pub struct VmConfig {
     /// [`VmConfig::check_later`].
     #[serde(default = "empty_list")]
     pub pmem: serde_json::Value,
-    #[serde(rename = "memory-hotplug", default)]
     pub memory_hotplug: Option<serde_json::Value>,
 }
 

@@ -287,13 +287,7 @@ mod tests {
     #[test]
     fn custom_templates_change_only_their_bits_and_name_what_kvm_lacks() {
         let host = caps(INTEL, 0x0009_06a0);
-        let template: CpuTemplate = serde_json::from_str(
-            r#"{"kvm_capabilities": ["!1", "7"],
-                "cpuid_modifiers": [{"leaf": "0x1", "subleaf": "0x0", "flags": 0,
-                    "modifiers": [{"register": "ecx", "bitmap": "0b0x10"}]}],
-                "msr_modifiers": [{"addr": "0x10a", "bitmap": "0b1"}]}"#,
-        )
-        .unwrap();
+        let template: CpuTemplate = serde_json::from_str(crate::config::EXAMPLE_TEMPLATE).unwrap();
         let guest = resolve(None, Some(&template), &host, |_| true).unwrap();
         let mut entries = host.supported_cpuid.as_slice().to_vec();
         guest.apply_cpuid(&mut entries);

@@ -261,8 +261,12 @@ impl Block {
     }
 
     /// Serves every request the guest has made available (with the Async engine: starts
-    /// them, as many as the ring takes); true if any was completed now.
+    /// them, as many as the ring takes); true if any was completed now. A throttled queue
+    /// waits for the limiter's timer.
     pub fn process_queue(&mut self) -> bool {
+        if self.limiter.is_blocked() {
+            return false;
+        }
         let Some(mut active) = self.common.active.take() else {
             return false;
         };
@@ -366,9 +370,7 @@ impl Block {
             None => return,
         };
         self.complete(done);
-        if !self.limiter.is_blocked() {
-            self.process_queue();
-        }
+        self.process_queue();
     }
 
     fn complete(&mut self, done: Vec<Completion<Pending>>) {
@@ -534,10 +536,7 @@ impl MutEventSubscriber for Block {
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         if self.common.notified_queue(events.fd()).is_some() {
             self.metrics.queue_event_count.inc();
-            // A throttled queue is served when the limiter's timer fires, not before.
-            if !self.limiter.is_blocked() {
-                self.process_queue();
-            }
+            self.process_queue();
         } else if events.fd() == self.limiter.as_raw_fd() {
             self.on_limiter_timer();
         } else if self

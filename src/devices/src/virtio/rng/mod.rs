@@ -78,8 +78,12 @@ impl Entropy {
         })
     }
 
-    /// Fills every request the guest has made available; true if any was completed.
+    /// Fills every request the guest has made available; true if any was completed. A
+    /// throttled queue waits for the limiter's timer.
     pub fn process_queue(&mut self) -> bool {
+        if self.limiter.is_blocked() {
+            return false;
+        }
         let Some(mut active) = self.common.active.take() else {
             return false;
         };
@@ -152,9 +156,7 @@ impl MutEventSubscriber for Entropy {
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         if self.common.notified_queue(events.fd()).is_some() {
             self.metrics.entropy_event_count.inc();
-            if !self.limiter.is_blocked() {
-                self.process_queue();
-            }
+            self.process_queue();
         } else if events.fd() == self.limiter.as_raw_fd() {
             self.on_limiter_timer();
         }

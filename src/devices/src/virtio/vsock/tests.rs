@@ -64,8 +64,8 @@ impl Ring {
 }
 
 /// The guest driver's side: the RX and TX queues, and how far it has read and filled them.
-struct Driver<'m> {
-    mem: &'m GuestMemory,
+struct Driver {
+    mem: GuestMemory,
     rx: Ring,
     tx: Ring,
     rx_posted: u16,
@@ -73,7 +73,7 @@ struct Driver<'m> {
     tx_posted: u16,
 }
 
-impl Driver<'_> {
+impl Driver {
     /// Makes a chain of `descs` available on `ring` (chain `n`), in 4-descriptor slots.
     fn push(&self, ring: Ring, n: u16, descs: &[Descriptor]) {
         let base = (n * 4) % QSIZE;
@@ -180,7 +180,8 @@ fn header(op: u16, src_port: u32, dst_port: u32, len: u32) -> Header {
 
 /// The device, started, with its socket in a scratch directory tagged `name` (kept until
 /// the test ends), and a driver on its queues.
-fn rig<'m>(mem: &'m GuestMemory, name: &str) -> (TempDir, Vsock, Driver<'m>, Arc<VsockMetrics>) {
+fn rig(name: &str) -> (TempDir, Vsock, Driver, Arc<VsockMetrics>) {
+    let mem = memory();
     let dir = scratch(name);
     let path = dir.as_path().join("v.sock");
     let metrics = Arc::new(VsockMetrics::default());
@@ -267,8 +268,7 @@ fn host_connection(dev: &mut Vsock, d: &mut Driver) -> (UnixStream, u32) {
 
 #[test]
 fn a_host_connection_carries_data_both_ways_and_its_close_reaches_the_guest() {
-    let mem = memory();
-    let (_dir, mut dev, mut d, metrics) = rig(&mem, "host");
+    let (_dir, mut dev, mut d, metrics) = rig("host");
     let (mut host, port) = host_connection(&mut dev, &mut d);
     // Host to guest.
     host.write_all(b"hello guest").unwrap();
@@ -305,8 +305,7 @@ fn a_host_connection_carries_data_both_ways_and_its_close_reaches_the_guest() {
 
 #[test]
 fn a_guest_connection_reaches_the_port_socket_and_a_missing_one_is_refused() {
-    let mem = memory();
-    let (dir, mut dev, mut d, _) = rig(&mem, "guest");
+    let (dir, mut dev, mut d, _) = rig("guest");
     let listener = UnixListener::bind(dir.as_path().join("v.sock_1234")).unwrap();
     d.post_rx(4);
     d.send(header(OP_REQUEST, 7000, 1234, 0), &[]);
@@ -330,8 +329,7 @@ fn a_guest_connection_reaches_the_port_socket_and_a_missing_one_is_refused() {
 
 #[test]
 fn a_guest_that_sends_past_its_credit_is_reset_and_ember_holds_at_most_the_credit() {
-    let mem = memory();
-    let (_dir, mut dev, mut d, _) = rig(&mem, "credit");
+    let (_dir, mut dev, mut d, _) = rig("credit");
     let (host, port) = host_connection(&mut dev, &mut d);
     // The host reads nothing: its socket buffer fills, then ember's buffer, then the
     // guest is over its credit.
@@ -355,8 +353,7 @@ fn a_guest_that_sends_past_its_credit_is_reset_and_ember_holds_at_most_the_credi
 
 #[test]
 fn a_malformed_connect_line_is_refused_and_the_host_sees_the_end() {
-    let mem = memory();
-    let (_dir, mut dev, _d, _) = rig(&mem, "connect");
+    let (_dir, mut dev, _d, _) = rig("connect");
     for bad in [
         &b"CONNECT x\n"[..],
         b"HELLO WORLD THIS IS FAR TOO LONG FOR A LINE\n",
@@ -375,8 +372,7 @@ fn a_malformed_connect_line_is_refused_and_the_host_sees_the_end() {
 
 #[test]
 fn an_unanswered_request_times_out_and_the_host_socket_closes() {
-    let mem = memory();
-    let (_dir, mut dev, mut d, _) = rig(&mem, "timeout");
+    let (_dir, mut dev, mut d, _) = rig("timeout");
     let mut host = UnixStream::connect(dev.uds_path.clone()).unwrap();
     host.write_all(b"CONNECT 52\n").unwrap();
     dev.accept_all();
@@ -391,8 +387,7 @@ fn an_unanswered_request_times_out_and_the_host_socket_closes() {
 
 #[test]
 fn hostile_packets_are_dropped_or_reset_and_the_device_keeps_working() {
-    let mem = memory();
-    let (_dir, mut dev, mut d, metrics) = rig(&mem, "hostile");
+    let (_dir, mut dev, mut d, metrics) = rig("hostile");
     d.post_rx(16);
     let at = TX_BUFS + 0x10_0000;
     let h = |op, kind| Header {
@@ -400,7 +395,8 @@ fn hostile_packets_are_dropped_or_reset_and_the_device_keeps_working() {
         ..header(op, 9, 1, 0)
     };
     // A header cut short.
-    mem.write_slice(&h(OP_REQUEST, TYPE_STREAM).to_bytes(), GuestAddress(at))
+    d.mem
+        .write_slice(&h(OP_REQUEST, TYPE_STREAM).to_bytes(), GuestAddress(at))
         .unwrap();
     d.send_raw(&[Descriptor::new(at, 20, 0, 0)]);
     // A length past the chain, and one past the largest payload.
@@ -448,7 +444,8 @@ fn hostile_packets_are_dropped_or_reset_and_the_device_keeps_working() {
         .all(|(h, _)| h.dst_cid == CID && h.src_cid == HOST_CID));
     assert_eq!(metrics.invalid_packets.total(), 10);
     assert!(
-        mem.read_obj::<u64>(GuestAddress(MEM_SIZE as u64 - 8))
+        d.mem
+            .read_obj::<u64>(GuestAddress(MEM_SIZE as u64 - 8))
             .unwrap()
             == 0
     );
@@ -463,8 +460,7 @@ fn hostile_packets_are_dropped_or_reset_and_the_device_keeps_working() {
 
 #[test]
 fn a_guest_that_sends_without_reading_stalls_its_own_tx_queue_not_ember() {
-    let mem = memory();
-    let (_dir, mut dev, mut d, _) = rig(&mem, "stall");
+    let (_dir, mut dev, mut d, _) = rig("stall");
     // 272 packets for no connection, each owed an RST, with no RX buffers at first: after
     // 256 the device stops reading them.
     for _ in 0..17 {
@@ -488,8 +484,7 @@ fn a_guest_that_sends_without_reading_stalls_its_own_tx_queue_not_ember() {
 
 #[test]
 fn a_receive_buffer_with_no_room_after_the_header_is_not_the_end_of_the_stream() {
-    let mem = memory();
-    let (_dir, mut dev, mut d, metrics) = rig(&mem, "tiny");
+    let (_dir, mut dev, mut d, metrics) = rig("tiny");
     let (mut host, _) = host_connection(&mut dev, &mut d);
     host.write_all(b"data").unwrap();
     // A header-only buffer first, then a real one.
@@ -506,8 +501,7 @@ fn a_receive_buffer_with_no_room_after_the_header_is_not_the_end_of_the_stream()
 
 #[test]
 fn a_host_connection_that_never_names_a_port_is_closed_after_its_deadline() {
-    let mem = memory();
-    let (_dir, mut dev, _d, _) = rig(&mem, "silent");
+    let (_dir, mut dev, _d, _) = rig("silent");
     let mut host = UnixStream::connect(dev.uds_path.clone()).unwrap();
     host.write_all(b"CONN").unwrap();
     dev.accept_all();
@@ -525,16 +519,16 @@ fn a_host_connection_that_never_names_a_port_is_closed_after_its_deadline() {
 #[test]
 fn after_a_restore_the_guest_handles_the_reset_before_any_new_connection() {
     use crate::virtio::VirtioDevice;
-    let mem = memory();
-    let (_dir, mut dev, mut d, _) = rig(&mem, "restored");
+    let (_dir, mut dev, mut d, _) = rig("restored");
     let event = Ring(0x20_0000 + 0x2_0000);
     let event_buf = 0x30_0000;
-    mem.write_obj(0xffff_ffffu32, GuestAddress(event_buf))
+    d.mem
+        .write_obj(0xffff_ffffu32, GuestAddress(event_buf))
         .unwrap();
     d.push(event, 0, &[Descriptor::new(event_buf, 4, WRITE, 0)]);
     dev.restored();
     assert_eq!(d.used_count(event), 1);
-    assert_eq!(mem.read_obj::<u32>(GuestAddress(event_buf)).unwrap(), 0);
+    assert_eq!(d.mem.read_obj::<u32>(GuestAddress(event_buf)).unwrap(), 0);
 
     let mut host = UnixStream::connect(dev.uds_path.clone()).unwrap();
     host.write_all(b"CONNECT 52\n").unwrap();
