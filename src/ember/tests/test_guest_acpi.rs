@@ -34,12 +34,14 @@ fn every_entry_protocol_finds_tables_that_describe_the_machine() {
         let s = Scratch::new("acpi");
         let run = run_config(&s, &machine(&s, image, vcpus, "console=ttyS0"));
         run.assert_clean_exit();
-        // Two disks, vsock, entropy and balloon: five virtio-mmio devices.
+        // Two disks, vsock, entropy and balloon: five virtio-mmio devices, or, with
+        // EMBER_TEST_PCI, none and the MCFG table of the PCI bus they are on instead.
+        let (mcfg, mmio) = if all_on_pci() { (",MCFG", 0) } else { ("", 5) };
         assert_eq!(
             run.line("acpi rsdp="),
             format!(
-                "acpi rsdp=0xe0000 boot-info=same tables=FACP,DSDT,APIC bad-checksums=0 \
-                 cpus={vcpus} virtio-mmio=5 hw-reduced=1 sleep-port=0x600 s5=5"
+                "acpi rsdp=0xe0000 boot-info=same tables=FACP,DSDT,APIC{mcfg} bad-checksums=0 \
+                 cpus={vcpus} virtio-mmio={mmio} hw-reduced=1 sleep-port=0x600 s5=5"
             ),
             "{image}"
         );
