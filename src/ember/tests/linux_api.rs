@@ -41,7 +41,7 @@ fn press_ctrl_alt_del(ember: &mut Ember, c: &mut Client) -> Vec<String> {
     ember.wait_clean_exit(linux_deadline());
     after_prefix(&ember.stdout(), "ember-key ")
         .into_iter()
-        .map(str::to_string)
+        .map(|key| key.trim_end().to_string())
         .collect()
 }
 

@@ -68,7 +68,11 @@ fn stock_kernel(pci: bool) {
         run.stdout.contains("ember-linux: cpus=2 ") && run.stdout.contains("root=/dev/vda"),
         "{all}"
     );
-    let lines = after_prefix(&run.stdout, "stock: ");
+    let lines: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("stock: "))
+        .collect();
     let tables: Vec<&str> = lines
         .iter()
         .filter(|l| l.starts_with("table "))

@@ -71,10 +71,10 @@ pub fn metric_sum(lines: &[serde_json::Value], section: &str, field: &str) -> u6
         .sum()
 }
 
-/// What follows `prefix` on each line of `text` that starts with it, blanks trimmed, in order.
+/// What follows `prefix` on each line of `text` that starts with it, in order.
 pub fn after_prefix<'a>(text: &'a str, prefix: &str) -> Vec<&'a str> {
     text.lines()
-        .filter_map(|l| l.trim().strip_prefix(prefix))
+        .filter_map(|l| l.strip_prefix(prefix))
         .collect()
 }
 
@@ -242,10 +242,7 @@ impl Run {
 
     /// The guest's report lines, without the "guest: " prefix.
     pub fn guest_lines(&self) -> Vec<&str> {
-        self.stdout
-            .lines()
-            .filter_map(|l| l.strip_prefix("guest: "))
-            .collect()
+        after_prefix(&self.stdout, "guest: ")
     }
 
     /// The first guest line starting with `prefix`, or a panic showing everything printed.
