@@ -97,6 +97,8 @@ struct Connection {
     eof: bool,
     /// When the client last sent or took bytes, or connected.
     active: Instant,
+    /// What epoll watches it for, so that it is told only of a change.
+    watching: EventSet,
 }
 
 /// What to do with a connection after serving it.
@@ -259,11 +261,12 @@ impl ApiServer {
             }
         }
         let fd = stream.as_raw_fd();
+        let watching = EventSet::IN | EventSet::READ_HANG_UP;
         let registered = stream.set_nonblocking(true).and_then(|()| {
             self.epoll.ctl(
                 ControlOperation::Add,
                 fd,
-                EpollEvent::new(EventSet::IN | EventSet::READ_HANG_UP, fd as u64),
+                EpollEvent::new(watching, fd as u64),
             )
         });
         if let Err(e) = registered {
@@ -280,6 +283,7 @@ impl ApiServer {
                 closing: false,
                 eof: false,
                 active: Instant::now(),
+                watching,
             },
         );
         Some(fd)
@@ -317,12 +321,17 @@ impl ApiServer {
             self.ready.push(fd);
         }
         if let Some(events) = interest {
-            let modified = self.epoll.ctl(
-                ControlOperation::Modify,
-                fd,
-                EpollEvent::new(events, fd as u64),
-            );
-            if modified.is_ok() {
+            let watched = events == conn.watching
+                || self
+                    .epoll
+                    .ctl(
+                        ControlOperation::Modify,
+                        fd,
+                        EpollEvent::new(events, fd as u64),
+                    )
+                    .is_ok();
+            if watched {
+                conn.watching = events;
                 self.connections.insert(fd, conn);
             }
         }
@@ -467,7 +476,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("ember-api-{}-{name}", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let listener = bind(&path).unwrap();
-        let (api, vmm) = vmm::rpc::channel().unwrap();
+        let (api, vmm) = vmm::rpc::channel("test").unwrap();
         let metrics = Arc::new(telemetry::Metrics::default());
         let server = ApiServer::new(listener, api, 1024, metrics).unwrap();
         std::thread::spawn(move || server.with_idle_timeout(idle).run());

@@ -76,6 +76,10 @@ pub const KVM_TSS_ADDR: u64 = 0xfffb_d000;
 /// Legacy IRQs: COM1 and the i8042 keyboard; virtio devices take the lines after them.
 pub const SERIAL_IRQ: u32 = 4;
 pub const I8042_IRQ: u32 = 1;
+/// The i8042's auxiliary (mouse) port, ISA IRQ 12. A virtio-mmio device may share the line
+/// (both are edge-triggered and Linux requests both as shared); only Linux's probe of the
+/// empty port ever raises it.
+pub const I8042_AUX_IRQ: u32 = 12;
 pub const FIRST_VIRTIO_IRQ: u32 = 5;
 pub const LAST_VIRTIO_IRQ: u32 = 23;
 /// IOAPIC pins, as the MP table announces them.

@@ -72,7 +72,7 @@ fn start_api(
     let path = PathBuf::from(&args.api_sock);
     let listener = api::bind(&path)?;
     let socket = SocketFile(path);
-    let (api_side, vmm_side) = vmm::rpc::channel().map_err(StartError::ApiThread)?;
+    let (api_side, vmm_side) = vmm::rpc::channel(&args.id).map_err(StartError::ApiThread)?;
     let server = api::ApiServer::new(listener, api_side, args.max_payload, metrics.clone())?;
     let (installed_tx, installed) = std::sync::mpsc::sync_channel(1);
     let filters = filters.clone();

@@ -3,7 +3,7 @@
 //! API's requests with Firecracker's pre-boot and post-boot rules.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use devices::virtio::balloon::{Balloon, HintingError};
 use devices::virtio::block::Block;
@@ -27,11 +27,7 @@ use crate::snapshot::load::{LoadError, Prepared, SnapshotLoadParams};
 use crate::snapshot::{self, Setup};
 use crate::{ExitSignal, VmExit, VmmFailure};
 
-/// How long the VMM thread polls for the next request after answering one.
-const API_POLL: Duration = Duration::from_micros(200);
-
-/// The Firecracker API version whose paths and bodies Ember serves (`GET /version`).
-pub const FIRECRACKER_API_VERSION: &str = "1.16.1";
+pub use crate::rpc::FIRECRACKER_API_VERSION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -157,7 +153,8 @@ impl Controller {
 
     /// Runs the event loop until the VM stops (or, before boot, until a signal); returns why.
     pub fn run(mut self) -> VmExit {
-        let mut poll_until = None;
+        // A microVM started from --config-file is running before any request comes.
+        self.publish_state();
         loop {
             if let Some(reason) = self.exit.reason() {
                 if let Some(vm) = &self.vm {
@@ -167,40 +164,36 @@ impl Controller {
                 self.flush_metrics();
                 return reason;
             }
-            // Right after a request, poll instead of sleeping for a moment: clients send
-            // requests in bursts, and waking a sleeping thread costs more than the request.
-            let polling = poll_until.is_some_and(|t| Instant::now() < t);
-            let ran = match polling {
-                true => self.event_manager.run_with_timeout(0),
-                false => self.event_manager.run(),
-            };
-            if let Err(e) = ran {
+            // Sleeps until a device, the API or the exit signal has something.
+            if let Err(e) = self.event_manager.run() {
                 return VmExit::VmmError(VmmFailure::EventLoop(e.to_string()));
             }
-            if self.serve_api() > 0 {
-                poll_until = Some(Instant::now() + API_POLL);
-            } else if polling {
-                std::hint::spin_loop();
-            }
+            self.serve_api();
         }
     }
 
-    /// Answers every request waiting on the channel; returns how many there were.
-    fn serve_api(&mut self) -> usize {
-        let mut served = 0;
+    /// Answers every request waiting on the channel.
+    fn serve_api(&mut self) {
         loop {
-            let Some(api) = &self.api else { return served };
+            let Some(api) = &self.api else { return };
             let Ok(action) = api.from_api.try_recv() else {
-                return served;
+                return;
             };
-            served += 1;
             let result = self.handle(action);
+            self.publish_state();
             if let Some(api) = &self.api {
                 if api.to_api.send(result).is_err() {
                     // The API thread is gone; keep the VM running without it.
                     self.api = None;
                 }
             }
+        }
+    }
+
+    /// Tells the API thread, which answers `GET /` itself, the microVM's state.
+    fn publish_state(&self) {
+        if let Some(api) = &self.api {
+            api.publish(self.state());
         }
     }
 
@@ -306,7 +299,7 @@ impl Controller {
         }
         match action {
             VmmAction::GetInstanceInfo => Ok(VmmData::InstanceInfo(InstanceInfo {
-                app_name: "Ember".into(),
+                app_name: rpc::APP_NAME.into(),
                 id: self.id.clone(),
                 state: self.state().into(),
                 vmm_version: env!("CARGO_PKG_VERSION").into(),

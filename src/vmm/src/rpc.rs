@@ -1,9 +1,16 @@
 //! What the API thread may ask of the VMM thread, and what it gets back. The API thread parses
 //! and routes requests; only the VMM thread ([`crate::controller`]) acts on them. Requests go
-//! through a channel, with an eventfd that wakes the VMM thread's event loop.
+//! through a channel, with an eventfd that wakes the VMM thread's event loop; the answer
+//! comes back through a channel the API thread sleeps on. Neither thread polls: on a host
+//! whose cores are all busy, a thread that spins for its answer takes the CPU from the one
+//! that would give it.
+//!
+//! `GET /` and `GET /version` change nothing and read only what the VMM thread publishes
+//! here, so the API thread answers them itself, without waking the VMM thread.
 
-use std::sync::mpsc::{self, Receiver, RecvError, Sender, TryRecvError};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvError, Sender};
+use std::sync::Arc;
 
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
@@ -14,9 +21,6 @@ use crate::config::{
     MetricsConfig, MmdsConfig, NetworkInterfaceConfig, PartialDrive, PartialNetworkInterface,
     VmConfig, VsockDeviceConfig,
 };
-
-/// How long the API thread busy-waits for an answer before it sleeps.
-const REPLY_SPIN: Duration = Duration::from_micros(200);
 
 /// One request, already parsed into Ember's configuration model.
 #[derive(Debug, Clone, PartialEq)]
@@ -117,6 +121,33 @@ pub struct InstanceInfo {
 pub const STATE_NOT_STARTED: &str = "Not started";
 pub const STATE_RUNNING: &str = "Running";
 pub const STATE_PAUSED: &str = "Paused";
+const STATES: [&str; 3] = [STATE_NOT_STARTED, STATE_RUNNING, STATE_PAUSED];
+
+/// Firecracker's `app_name`, here Ember's.
+pub const APP_NAME: &str = "Ember";
+
+/// The Firecracker API version whose paths and bodies Ember serves (`GET /version`).
+pub const FIRECRACKER_API_VERSION: &str = "1.16.1";
+
+/// What `GET /` shows, as the VMM thread last published it.
+#[derive(Debug)]
+struct Published {
+    id: String,
+    /// An index into [`STATES`].
+    state: AtomicU8,
+}
+
+impl Published {
+    fn instance_info(&self) -> InstanceInfo {
+        let state = STATES[usize::from(self.state.load(Ordering::Acquire)).min(2)];
+        InstanceInfo {
+            app_name: APP_NAME.into(),
+            id: self.id.clone(),
+            state: state.into(),
+            vmm_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
 
 /// A successful answer.
 #[derive(Debug, Clone)]
@@ -184,6 +215,7 @@ pub struct ApiSide {
     to_vmm: Sender<VmmAction>,
     from_vmm: Receiver<ActionResult>,
     wake: EventFd,
+    published: Arc<Published>,
 }
 
 /// The VMM thread's end.
@@ -192,17 +224,23 @@ pub struct VmmSide {
     pub(crate) from_api: Receiver<VmmAction>,
     pub(crate) to_api: Sender<ActionResult>,
     pub(crate) wake: EventFd,
+    published: Arc<Published>,
 }
 
-/// A connected pair of ends.
-pub fn channel() -> std::io::Result<(ApiSide, VmmSide)> {
+/// A connected pair of ends, for microVM `id`.
+pub fn channel(id: &str) -> std::io::Result<(ApiSide, VmmSide)> {
     let (to_vmm, from_api) = mpsc::channel();
     let (to_api, from_vmm) = mpsc::channel();
     let wake = EventFd::new(libc::EFD_NONBLOCK)?;
+    let published = Arc::new(Published {
+        id: id.to_string(),
+        state: AtomicU8::new(0),
+    });
     let api = ApiSide {
         to_vmm,
         from_vmm,
         wake: wake.try_clone()?,
+        published: published.clone(),
     };
     Ok((
         api,
@@ -210,26 +248,35 @@ pub fn channel() -> std::io::Result<(ApiSide, VmmSide)> {
             from_api,
             to_api,
             wake,
+            published,
         },
     ))
 }
 
 impl ApiSide {
-    /// Sends one request and waits for its answer. Fails only when the VMM thread is gone,
-    /// which happens when ember is exiting.
+    /// Sends one request and sleeps until its answer comes. Fails only when the VMM thread
+    /// is gone, which happens when ember is exiting.
     pub fn call(&self, action: VmmAction) -> Result<ActionResult, RecvError> {
+        match action {
+            VmmAction::GetInstanceInfo => {
+                return Ok(Ok(VmmData::InstanceInfo(self.published.instance_info())))
+            }
+            VmmAction::GetVersion => {
+                return Ok(Ok(VmmData::Version(FIRECRACKER_API_VERSION.into())))
+            }
+            _ => {}
+        }
         self.to_vmm.send(action).map_err(|_| RecvError)?;
         let _ = self.wake.write(1);
-        // Most answers take the VMM thread microseconds; waiting for them on this CPU saves
-        // a sleep and a wake-up (tens of microseconds on a virtual machine) per request.
-        let spin_until = std::time::Instant::now() + REPLY_SPIN;
-        while std::time::Instant::now() < spin_until {
-            match self.from_vmm.try_recv() {
-                Ok(result) => return Ok(result),
-                Err(TryRecvError::Empty) => std::hint::spin_loop(),
-                Err(TryRecvError::Disconnected) => return Err(RecvError),
-            }
-        }
         self.from_vmm.recv()
+    }
+}
+
+impl VmmSide {
+    /// Publishes the microVM's state (one of the `STATE_*` names) for `GET /`; called
+    /// before each answer is sent, so that a client sees the state its request left.
+    pub(crate) fn publish(&self, state: &str) {
+        let index = STATES.iter().position(|s| *s == state).unwrap_or(0);
+        self.published.state.store(index as u8, Ordering::Release);
     }
 }

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use arch::layout::{self, FIRST_VIRTIO_IRQ, I8042_IRQ, SERIAL_IRQ};
+use arch::layout::{self, FIRST_VIRTIO_IRQ, I8042_AUX_IRQ, I8042_IRQ, SERIAL_IRQ};
 use devices::legacy::{
     i8042, BootTimer, Serial, SerialOutput, SerialSnapshot, SleepControl, I8042,
 };
@@ -201,7 +201,7 @@ pub(super) fn attach_devices(
     })
 }
 
-/// COM1 on IRQ 4, the i8042 on IRQ 1 and the ACPI sleep control register; the i8042's reset
+/// COM1 on IRQ 4, the i8042 on IRQs 1 and 12 and the ACPI sleep control register; the i8042's reset
 /// line and the power-off line are watched by the event loop. Returns the i8042, which also
 /// takes keys from the API (`SendCtrlAltDel`).
 fn attach_legacy(
@@ -251,7 +251,10 @@ fn attach_legacy(
     let reset = eventfd()?;
     let kbd_irq = eventfd()?;
     w.ctx.vm.register_irqfd(&kbd_irq, I8042_IRQ)?;
-    let i8042 = I8042::new(reset.try_clone().map_err(BuildError::EventFd)?, kbd_irq);
+    let aux_irq = eventfd()?;
+    w.ctx.vm.register_irqfd(&aux_irq, I8042_AUX_IRQ)?;
+    let reset_line = reset.try_clone().map_err(BuildError::EventFd)?;
+    let i8042 = I8042::new(reset_line, kbd_irq, aux_irq);
     let i8042 = Arc::new(Mutex::new(i8042));
     w.pio
         .insert(layout::I8042_PORT.into(), i8042::PORT_RANGE, i8042.clone())?;
