@@ -59,3 +59,59 @@ pub fn seek_data_or_hole(file: &File, from: u64, whence: i32) -> std::io::Result
     }
     Ok(Some(at as u64))
 }
+
+/// A free range of the address space that starts on an alignment boundary, fenced by
+/// inaccessible guard mappings on both sides, so that the next mapping of its length (which
+/// the kernel places in the highest gap that fits) most likely lands in it. Dropping it
+/// removes the guards.
+#[derive(Debug)]
+pub struct AlignedHole {
+    pub start: usize,
+    guards: [(usize, usize); 2],
+}
+
+/// Makes a hole of `len` bytes at an `align` boundary (a power of two), or None if the
+/// address space has no room for `len + align` bytes.
+pub fn aligned_hole(len: usize, align: usize) -> Option<AlignedHole> {
+    let span = len.checked_add(align)?;
+    // SAFETY: a new private, inaccessible, unreserved mapping at an address the kernel
+    // chooses; it overlaps nothing of this process.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    let base = base as usize;
+    let start = (base + align - 1) & !(align - 1);
+    let hole = AlignedHole {
+        start,
+        guards: [
+            (base, start - base),
+            (start + len, base + span - start - len),
+        ],
+    };
+    // SAFETY: [start, start + len) lies inside the mapping made above, which nothing else
+    // knows of.
+    unsafe { libc::munmap(start as *mut libc::c_void, len) };
+    Some(hole)
+}
+
+impl Drop for AlignedHole {
+    fn drop(&mut self) {
+        for (addr, len) in self.guards {
+            if len > 0 {
+                // SAFETY: each guard is a part of the mapping `aligned_hole` made, never
+                // handed out; unmapping it touches nothing else.
+                unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+            }
+        }
+    }
+}
