@@ -99,6 +99,10 @@ struct Connection {
     active: Instant,
     /// What epoll watches it for, so that it is told only of a change.
     watching: EventSet,
+    /// The last read took less than it asked for: the socket had nothing more then, so the
+    /// next read waits for epoll to say there is something (one system call fewer per
+    /// request; epoll is level-triggered, so nothing that came since is missed).
+    drained: bool,
 }
 
 /// What to do with a connection after serving it.
@@ -284,6 +288,7 @@ impl ApiServer {
                 eof: false,
                 active: Instant::now(),
                 watching,
+                drained: false,
             },
         );
         Some(fd)
@@ -406,6 +411,9 @@ impl ApiServer {
                     if conn.eof {
                         return (Next::Close, true);
                     }
+                    if std::mem::take(&mut conn.drained) {
+                        return (Next::Read, true);
+                    }
                     match read_some(conn) {
                         Ok(true) => {}
                         Ok(false) => return (Next::Read, true),
@@ -458,6 +466,7 @@ fn read_some(conn: &mut Connection) -> std::io::Result<bool> {
             }
             Ok(n) => {
                 conn.parser.feed(&buf[..n]);
+                conn.drained = n < buf.len();
                 return Ok(true);
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
