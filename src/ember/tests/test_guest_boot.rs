@@ -122,7 +122,7 @@ fn without_boot_args_the_firecracker_default_is_used() {
     run.assert_clean_exit();
     assert_eq!(
         run.line("cmdline="),
-        format!("cmdline=reboot=k panic=1 nomodule 8250.nr_uarts=0 i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd{}", host_args())
+        format!("cmdline=reboot=k panic=1 nomodule 8250.nr_uarts=0 i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce{}", host_args())
     );
     assert_eq!(run.line("initrd"), "initrd none");
 }

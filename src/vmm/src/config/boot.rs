@@ -6,10 +6,11 @@ use hostfile::Kind;
 
 use super::{check_readable, ConfigError};
 
-/// Firecracker's default command line, used when `boot_args` is absent. Like Firecracker,
-/// the builder adds `pci=off` unless `--enable-pci` is given.
-pub const DEFAULT_BOOT_ARGS: &str =
-    "reboot=k panic=1 nomodule 8250.nr_uarts=0 i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
+/// Firecracker 1.16's default command line, used when `boot_args` is absent (its
+/// `DEFAULT_KERNEL_CMDLINE`; since its ACPI support it no longer passes `i8042.nopnp`). Like
+/// Firecracker, the builder adds `pci=off` unless `--enable-pci` is given.
+pub const DEFAULT_BOOT_ARGS: &str = "reboot=k panic=1 nomodule 8250.nr_uarts=0 i8042.noaux \
+     i8042.nomux i8042.dumbkbd swiotlb=noforce";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
