@@ -280,3 +280,56 @@ impl VmmSide {
         self.published.state.store(index as u8, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state_of(api: &ApiSide) -> String {
+        match api.call(VmmAction::GetInstanceInfo) {
+            Ok(Ok(VmmData::InstanceInfo(info))) => {
+                assert_eq!(
+                    (info.app_name.as_str(), info.id.as_str()),
+                    (APP_NAME, "vm-7")
+                );
+                info.state
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn get_root_and_version_are_answered_without_the_vmm_thread() {
+        // Nothing serves `vmm`: a request that went to it would wait for ever.
+        let (api, vmm) = channel("vm-7").unwrap();
+        assert_eq!(state_of(&api), STATE_NOT_STARTED);
+        vmm.publish(STATE_RUNNING);
+        assert_eq!(state_of(&api), STATE_RUNNING);
+        vmm.publish(STATE_PAUSED);
+        assert_eq!(state_of(&api), STATE_PAUSED);
+        match api.call(VmmAction::GetVersion) {
+            Ok(Ok(VmmData::Version(v))) => assert_eq!(v, FIRECRACKER_API_VERSION),
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            vmm.from_api.try_recv().is_err(),
+            "nothing reached the VMM thread"
+        );
+    }
+
+    #[test]
+    fn other_requests_go_to_the_vmm_thread_and_wake_it() {
+        let (api, vmm) = channel("vm-7").unwrap();
+        let server = std::thread::spawn(move || {
+            let action = vmm.from_api.recv().unwrap();
+            assert_eq!(vmm.wake.read().unwrap(), 1, "the event loop was woken");
+            vmm.to_api.send(Ok(VmmData::Empty)).unwrap();
+            action
+        });
+        assert!(matches!(
+            api.call(VmmAction::GetMachineConfig),
+            Ok(Ok(VmmData::Empty))
+        ));
+        assert_eq!(server.join().unwrap(), VmmAction::GetMachineConfig);
+    }
+}
