@@ -21,13 +21,12 @@ use crate::metrics_writer::MetricsWriter;
 use crate::microvm::MicroVm;
 use crate::resources::VmResources;
 use crate::rpc::{
-    self, ActionError, ActionResult, InstanceInfo, Phase, VmmAction, VmmData, VmmSide,
+    ActionError, ActionResult, InstanceInfo, InstanceState, Phase, VmmAction, VmmData, VmmSide,
+    FIRECRACKER_API_VERSION,
 };
 use crate::snapshot::load::{LoadError, Prepared, SnapshotLoadParams};
 use crate::snapshot::{self, Setup};
 use crate::{ExitSignal, VmExit, VmmFailure};
-
-pub use crate::rpc::FIRECRACKER_API_VERSION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -267,11 +266,11 @@ impl Controller {
         Ok(VmmData::Empty)
     }
 
-    fn state(&self) -> &'static str {
+    fn state(&self) -> InstanceState {
         match &self.vm {
-            None => rpc::STATE_NOT_STARTED,
-            Some(vm) if vm.is_paused() => rpc::STATE_PAUSED,
-            Some(_) => rpc::STATE_RUNNING,
+            None => InstanceState::NotStarted,
+            Some(vm) if vm.is_paused() => InstanceState::Paused,
+            Some(_) => InstanceState::Running,
         }
     }
 
@@ -298,12 +297,10 @@ impl Controller {
             _ => {}
         }
         match action {
-            VmmAction::GetInstanceInfo => Ok(VmmData::InstanceInfo(InstanceInfo {
-                app_name: rpc::APP_NAME.into(),
-                id: self.id.clone(),
-                state: self.state().into(),
-                vmm_version: env!("CARGO_PKG_VERSION").into(),
-            })),
+            VmmAction::GetInstanceInfo => Ok(VmmData::InstanceInfo(InstanceInfo::new(
+                &self.id,
+                self.state(),
+            ))),
             VmmAction::GetVersion => Ok(VmmData::Version(FIRECRACKER_API_VERSION.into())),
             VmmAction::GetMachineConfig => Ok(VmmData::MachineConfig(
                 self.resources.machine_config.clone(),

@@ -117,11 +117,33 @@ pub struct InstanceInfo {
     pub vmm_version: String,
 }
 
-/// The state names of `InstanceInfo.state`.
-pub const STATE_NOT_STARTED: &str = "Not started";
-pub const STATE_RUNNING: &str = "Running";
-pub const STATE_PAUSED: &str = "Paused";
-const STATES: [&str; 3] = [STATE_NOT_STARTED, STATE_RUNNING, STATE_PAUSED];
+/// The microVM's state, as `InstanceInfo.state` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum InstanceState {
+    NotStarted,
+    Running,
+    Paused,
+}
+
+impl InstanceState {
+    pub fn name(self) -> &'static str {
+        match self {
+            InstanceState::NotStarted => "Not started",
+            InstanceState::Running => "Running",
+            InstanceState::Paused => "Paused",
+        }
+    }
+
+    /// The state a published byte holds (only ever written from an `InstanceState`).
+    fn from_u8(byte: u8) -> Self {
+        match byte {
+            1 => InstanceState::Running,
+            2 => InstanceState::Paused,
+            _ => InstanceState::NotStarted,
+        }
+    }
+}
 
 /// Firecracker's `app_name`, here Ember's.
 pub const APP_NAME: &str = "Ember";
@@ -129,24 +151,24 @@ pub const APP_NAME: &str = "Ember";
 /// The Firecracker API version whose paths and bodies Ember serves (`GET /version`).
 pub const FIRECRACKER_API_VERSION: &str = "1.16.1";
 
+impl InstanceInfo {
+    /// `GET /`'s answer for microVM `id` in `state`.
+    pub fn new(id: &str, state: InstanceState) -> Self {
+        InstanceInfo {
+            app_name: APP_NAME.into(),
+            id: id.into(),
+            state: state.name().into(),
+            vmm_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
 /// What `GET /` shows, as the VMM thread last published it.
 #[derive(Debug)]
 struct Published {
     id: String,
-    /// An index into [`STATES`].
+    /// An [`InstanceState`] as its `u8`.
     state: AtomicU8,
-}
-
-impl Published {
-    fn instance_info(&self) -> InstanceInfo {
-        let state = STATES[usize::from(self.state.load(Ordering::Acquire)).min(2)];
-        InstanceInfo {
-            app_name: APP_NAME.into(),
-            id: self.id.clone(),
-            state: state.into(),
-            vmm_version: env!("CARGO_PKG_VERSION").into(),
-        }
-    }
 }
 
 /// A successful answer.
@@ -259,7 +281,11 @@ impl ApiSide {
     pub fn call(&self, action: VmmAction) -> Result<ActionResult, RecvError> {
         match action {
             VmmAction::GetInstanceInfo => {
-                return Ok(Ok(VmmData::InstanceInfo(self.published.instance_info())))
+                let state = InstanceState::from_u8(self.published.state.load(Ordering::Acquire));
+                return Ok(Ok(VmmData::InstanceInfo(InstanceInfo::new(
+                    &self.published.id,
+                    state,
+                ))));
             }
             VmmAction::GetVersion => {
                 return Ok(Ok(VmmData::Version(FIRECRACKER_API_VERSION.into())))
@@ -273,11 +299,10 @@ impl ApiSide {
 }
 
 impl VmmSide {
-    /// Publishes the microVM's state (one of the `STATE_*` names) for `GET /`; called
-    /// before each answer is sent, so that a client sees the state its request left.
-    pub(crate) fn publish(&self, state: &str) {
-        let index = STATES.iter().position(|s| *s == state).unwrap_or(0);
-        self.published.state.store(index as u8, Ordering::Release);
+    /// Publishes the microVM's state for `GET /`; called before each answer is sent, so
+    /// that a client sees the state its request left.
+    pub(crate) fn publish(&self, state: InstanceState) {
+        self.published.state.store(state as u8, Ordering::Release);
     }
 }
 
@@ -302,11 +327,11 @@ mod tests {
     fn get_root_and_version_are_answered_without_the_vmm_thread() {
         // Nothing serves `vmm`: a request that went to it would wait for ever.
         let (api, vmm) = channel("vm-7").unwrap();
-        assert_eq!(state_of(&api), STATE_NOT_STARTED);
-        vmm.publish(STATE_RUNNING);
-        assert_eq!(state_of(&api), STATE_RUNNING);
-        vmm.publish(STATE_PAUSED);
-        assert_eq!(state_of(&api), STATE_PAUSED);
+        assert_eq!(state_of(&api), "Not started");
+        vmm.publish(InstanceState::Running);
+        assert_eq!(state_of(&api), "Running");
+        vmm.publish(InstanceState::Paused);
+        assert_eq!(state_of(&api), "Paused");
         match api.call(VmmAction::GetVersion) {
             Ok(Ok(VmmData::Version(v))) => assert_eq!(v, FIRECRACKER_API_VERSION),
             other => panic!("{other:?}"),

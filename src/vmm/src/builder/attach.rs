@@ -201,9 +201,9 @@ pub(super) fn attach_devices(
     })
 }
 
-/// COM1 on IRQ 4, the i8042 on IRQs 1 and 12 and the ACPI sleep control register; the i8042's reset
-/// line and the power-off line are watched by the event loop. Returns the i8042, which also
-/// takes keys from the API (`SendCtrlAltDel`).
+/// COM1 on IRQ 4, the i8042 on IRQs 1 and 12 and the ACPI sleep control register; the
+/// i8042's reset line and the power-off line are watched by the event loop. Returns the
+/// i8042, which also takes keys from the API (`SendCtrlAltDel`).
 fn attach_legacy(
     w: &mut Wiring,
     (console, saved, serial_config): (&Console, Option<&SerialSnapshot>, Option<&SerialConfig>),
