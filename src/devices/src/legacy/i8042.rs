@@ -448,5 +448,17 @@ mod tests {
             dev.write(COMMAND_OFFSET, &[CMD_SELF_TEST]);
         }
         assert_eq!(dev.output.len(), OUTPUT_LIMIT);
+        // The AUX port's loopback and its time-outs are bounded by the same queue.
+        let mut dev = device();
+        for i in 0..10_000u32 {
+            let cmd = if i % 2 == 0 {
+                CMD_WRITE_AUX_OUTPUT
+            } else {
+                CMD_WRITE_AUX
+            };
+            dev.write(COMMAND_OFFSET, &[cmd]);
+            dev.write(DATA_OFFSET, &[i as u8]);
+        }
+        assert_eq!(dev.output.len(), OUTPUT_LIMIT);
     }
 }
