@@ -1,6 +1,10 @@
 //! Compiles filters/x86_64.json (seccompiler's JSON format) into one BPF program per thread
 //! kind, written to OUT_DIR as raw `sock_filter` arrays, so that ember starts with its
-//! filters ready and never parses JSON for them at run time.
+//! filters ready and never parses JSON for them at run time. The programs search for the
+//! system call's rules (src/dispatch.rs), as the filters of `--seccomp-filter` do.
+
+#[path = "src/dispatch.rs"]
+mod dispatch;
 
 use std::path::Path;
 
@@ -9,9 +13,9 @@ const THREADS: [&str; 3] = ["vmm", "api", "vcpu"];
 
 fn main() {
     println!("cargo:rerun-if-changed={SOURCE}");
+    println!("cargo:rerun-if-changed=src/dispatch.rs");
     let text = std::fs::read(SOURCE).expect("read the seccomp filters");
-    let map = seccompiler::compile_from_json(text.as_slice(), seccompiler::TargetArch::x86_64)
-        .unwrap_or_else(|e| panic!("{SOURCE}: {e}"));
+    let map = dispatch::compile(&text).unwrap_or_else(|e| panic!("{SOURCE}: {e}"));
     let out = std::env::var("OUT_DIR").expect("OUT_DIR");
     for thread in THREADS {
         let program = map

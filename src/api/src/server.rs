@@ -35,6 +35,8 @@ const REQUESTS_PER_TURN: usize = 32;
 /// close in a loop cannot starve the rest.
 const ACCEPTS_PER_TURN: usize = 32;
 const READ_CHUNK: usize = 4096;
+/// A connection's response buffer larger than this is freed once written.
+const KEEP_OUT_CAPACITY: usize = 16 * 1024;
 const LISTENER: u64 = u64::MAX;
 
 #[derive(Debug, thiserror::Error)]
@@ -404,7 +406,8 @@ impl ApiServer {
                 }
                 Ok(None) => {
                     if conn.parser.take_continue() {
-                        conn.out = b"HTTP/1.1 100 Continue\r\n\r\n".to_vec();
+                        conn.out.clear();
+                        conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
                         conn.written = 0;
                         continue;
                     }
@@ -434,7 +437,8 @@ impl ApiServer {
 }
 
 fn queue(conn: &mut Connection, response: &Response) {
-    conn.out = response.to_bytes();
+    conn.out.clear();
+    response.write_to(&mut conn.out);
     conn.written = 0;
 }
 
@@ -450,6 +454,11 @@ fn flush(conn: &mut Connection) -> std::io::Result<bool> {
         }
     }
     conn.out.clear();
+    // The buffer is kept for the next response, unless a large one (a big metadata
+    // document) grew it: an idle connection holds little.
+    if conn.out.capacity() > KEEP_OUT_CAPACITY {
+        conn.out = Vec::new();
+    }
     conn.written = 0;
     Ok(true)
 }

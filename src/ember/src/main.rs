@@ -178,6 +178,10 @@ fn run() -> Result<i32, StartError> {
         return Err(StartError::NoConfigFile);
     }
     let filters = seccomp_filters(&args)?;
+    // Before the socket answers: a client that sees it answer and sends SIGTERM gets the
+    // clean exit (the API thread answers GET / before the VMM thread is up).
+    let exit = Arc::new(ExitSignal::new().map_err(StartError::Signals)?);
+    signals::install(exit.clone()).map_err(StartError::Signals)?;
     // The socket answers from here on; everything slow comes after.
     let (_socket, api) = match args.no_api {
         true => (None, None),
@@ -192,8 +196,6 @@ fn run() -> Result<i32, StartError> {
             telemetry::time::monotonic_us().saturating_sub(start)
         );
     }
-    let exit = Arc::new(ExitSignal::new().map_err(StartError::Signals)?);
-    signals::install(exit.clone()).map_err(StartError::Signals)?;
 
     let mut resources = match &args.config_file {
         Some(path) => {

@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use seccompiler::{sock_filter, BpfProgram};
 
+mod dispatch;
+
 /// The kinds of thread, each with its own filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Thread {
@@ -101,11 +103,10 @@ impl Filters {
     /// A user's filters, in seccompiler's JSON format with the keys `vmm`, `api` and `vcpu`
     /// (Firecracker's thread names). `path` only names the file in errors.
     pub fn from_json(text: &[u8], path: &str) -> Result<Self, Error> {
-        let mut map = seccompiler::compile_from_json(text, seccompiler::TargetArch::x86_64)
-            .map_err(|e| Error::Invalid {
-                path: path.into(),
-                reason: e.to_string(),
-            })?;
+        let mut map = dispatch::compile(text).map_err(|reason| Error::Invalid {
+            path: path.into(),
+            reason,
+        })?;
         let mut take = |thread: Thread| {
             map.remove(thread.key()).ok_or(Error::Missing {
                 path: path.into(),
