@@ -423,3 +423,95 @@ fn linux_containerd_gives_a_sandbox_its_cni_network() {
     cni("DEL", &pod2, "cni3");
     cni("DEL", &pod, "cni1");
 }
+
+/// CRI's way: 64-character IDs, and host files and the pod's /dev/shm bind-mounted into each
+/// container (containerd's CRI mounts its sandbox's `hosts`, `hostname`, `resolv.conf` and
+/// `shm` so). The guest gets copies; the pod's containers share one /dev/shm. A mount that
+/// cannot reach the guest fails the create with its cause, and leaves nothing.
+#[test]
+fn linux_containerd_cri_ids_and_host_mounts_reach_the_guest() {
+    let (s, c) = or_skip!(setup, 128, true);
+    let hosts = s.path("hosts");
+    std::fs::write(&hosts, "10.1.2.3 pod-peer\n").unwrap();
+    let shm = s.path("shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    let sandbox_id = "5f".repeat(32);
+    let pod = format!("io.kubernetes.cri.sandbox-id={sandbox_id}");
+    let mounts = [
+        format!(
+            "type=bind,src={},dst=/etc/hosts,options=rbind:ro",
+            hosts.display()
+        ),
+        format!(
+            "type=bind,src={},dst=/dev/shm,options=rbind:rw",
+            shm.display()
+        ),
+    ];
+    let first = "a1".repeat(32);
+    let out = c.ctr(&[
+        "run",
+        "-d",
+        "--null-io",
+        "--runtime",
+        RUNTIME,
+        "--annotation",
+        &pod,
+        "--mount",
+        &mounts[0],
+        "--mount",
+        &mounts[1],
+        IMAGE,
+        &first,
+        "sh",
+        "-c",
+        "echo from-first > /dev/shm/marker; sleep 1000",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let second = "b2".repeat(32);
+    let start = Instant::now();
+    let seen = loop {
+        let out = c.run(
+            &second,
+            &[
+                "--annotation",
+                &pod,
+                "--mount",
+                &mounts[0],
+                "--mount",
+                &mounts[1],
+            ],
+            &["sh", "-c", "cat /etc/hosts /dev/shm/marker"],
+        );
+        let seen = text(&out.stdout);
+        if seen.contains("from-first") || start.elapsed() > linux_deadline() {
+            break seen + &text(&out.stderr);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(seen, "10.1.2.3 pod-peer\nfrom-first\n");
+    assert_eq!(c.embers().len(), 1, "one VM for the pod");
+    let out = c.ctr(&["task", "kill", "-s", "KILL", &first]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let start = Instant::now();
+    while !text(&c.ctr(&["task", "ls"]).stdout).contains("STOPPED") {
+        assert!(start.elapsed() < Duration::from_secs(60), "never stopped");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for args in [["task", "delete"], ["container", "delete"]] {
+        let out = c.ctr(&[args[0], args[1], &first]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    // A mount of something the guest cannot get: refused before any VM starts.
+    let missing = format!(
+        "type=bind,src={},dst=/x,options=rbind",
+        s.path("missing").display()
+    );
+    let out = c.run("bad-mount", &["--mount", &missing], &["true"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("cannot copy the mount source") && err.contains("missing"),
+        "{err}"
+    );
+    c.assert_nothing_left();
+}

@@ -77,6 +77,9 @@ fn default_boot_timeout() -> u64 {
     600
 }
 
+/// The longest `state_dir`: 96 bytes of vsock path, less `/`, 16 digits and `/vsock.sock`.
+const MAX_STATE_DIR: usize = 96 - 1 - 16 - 11;
+
 impl Config {
     /// The configuration this shim runs with.
     pub fn load() -> Result<Config, String> {
@@ -95,6 +98,15 @@ impl Config {
             .map_err(|e| format!("the shim configuration {shown} is not valid: {e}"))?;
         if config.slots == 0 || config.slots > 12 {
             return Err(format!("{shown}: slots must be 1 to 12"));
+        }
+        // A sandbox's sockets are `state_dir/<16 hex digits>/vsock.sock`, and Ember takes
+        // vsock paths of at most 96 bytes.
+        let state_len = config.state_dir.as_os_str().len();
+        if state_len > MAX_STATE_DIR {
+            return Err(format!(
+                "{shown}: state_dir is {state_len} bytes long; at most {MAX_STATE_DIR} leave room \
+                 for a sandbox's socket paths"
+            ));
         }
         Ok(config)
     }
@@ -142,6 +154,20 @@ mod tests {
         assert!(load(r#"{"kernel": "/k", "rootfs": "/r", "slots": 0}"#)
             .unwrap_err()
             .contains("slots must be 1 to 12"));
+        let long = format!(
+            r#"{{"kernel": "/k", "rootfs": "/r", "state_dir": "/{}"}}"#,
+            "s".repeat(68)
+        );
+        let err = load(&long).unwrap_err();
+        assert!(
+            err.contains("state_dir is 69 bytes long; at most 68"),
+            "{err}"
+        );
+        let longest = format!(
+            r#"{{"kernel": "/k", "rootfs": "/r", "state_dir": "/{}"}}"#,
+            "s".repeat(67)
+        );
+        assert!(load(&longest).is_ok());
         let huge = format!(r#"{{"kernel": "{}", "rootfs": "/r"}}"#, "k".repeat(70_000));
         assert!(load(&huge)
             .unwrap_err()

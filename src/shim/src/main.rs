@@ -5,6 +5,7 @@
 mod agent;
 mod config;
 mod events;
+mod host_mounts;
 mod http;
 mod layers;
 mod metrics;

@@ -366,6 +366,17 @@ pub fn clean_up(dir: &Path) -> bool {
     {
         return false;
     }
+    discard(dir);
+    true
+}
+
+/// Ends the sandbox's ember if it still runs (the process named by its pid file whose
+/// command line names this sandbox's API socket) and removes the sandbox's directory: after
+/// a sandbox failed to start, nothing of it is left.
+pub fn discard(dir: &Path) {
+    let paths = Paths {
+        dir: dir.to_path_buf(),
+    };
     let api = paths.api();
     let ours = |cmdline: &[u8]| {
         cmdline
@@ -383,7 +394,6 @@ pub fn clean_up(dir: &Path) -> bool {
         }
     }
     let _ = std::fs::remove_dir_all(dir);
-    true
 }
 
 /// The process named by the pid file `file`, if it runs and its command line is one that

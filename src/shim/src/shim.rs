@@ -51,9 +51,24 @@ pub fn grouping(spec: &serde_json::Value, id: &str) -> String {
         .to_string()
 }
 
-/// Where a sandbox's state lives.
+/// Where a sandbox's state lives: `state_dir` and 16 hex digits of a hash of its namespace
+/// and ID. CRI's IDs are 64 characters, and the sandbox's sockets must still fit in a
+/// socket address (Ember takes vsock paths of up to 96 bytes); nor can any namespace or ID
+/// name a path outside `state_dir`.
 pub fn sandbox_dir(config: &Config, namespace: &str, grouping: &str) -> PathBuf {
-    config.state_dir.join(namespace).join(grouping)
+    config
+        .state_dir
+        .join(format!("{:016x}", name_hash(namespace, grouping)))
+}
+
+/// FNV-1a (64 bits) of two names with a NUL (which neither holds) between them, such as a
+/// namespace and an ID: the same in every build, so a later shim's `delete` finds the
+/// directory an earlier one made.
+pub fn name_hash(namespace: &str, id: &str) -> u64 {
+    let bytes = namespace.bytes().chain([0]).chain(id.bytes());
+    bytes.fold(0xcbf2_9ce4_8422_2325, |hash, b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl containerd_shim::Shim for EmberShim {
@@ -110,6 +125,33 @@ impl containerd_shim::Shim for EmberShim {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn sandbox_directories_are_short_and_inside_the_state_directory() {
+        let config: Config = serde_json::from_value(json!({
+            "kernel": "/k", "rootfs": "/r", "state_dir": "/run/ember-shim"}))
+        .unwrap();
+        let cri_id = "a".repeat(64);
+        let dir = sandbox_dir(&config, "k8s.io", &cri_id);
+        assert_eq!(dir.parent(), Some(Path::new("/run/ember-shim")));
+        assert_eq!(dir.file_name().unwrap().len(), 16);
+        for (ns, id) in [("..", "x"), ("../victim", "sub"), ("k8s.io", "../../etc")] {
+            let dir = sandbox_dir(&config, ns, id);
+            assert_eq!(
+                dir.parent(),
+                Some(Path::new("/run/ember-shim")),
+                "{ns} {id}"
+            );
+        }
+        // Distinct names, distinct directories; the same names, the same one.
+        assert_ne!(
+            sandbox_dir(&config, "a", "bc"),
+            sandbox_dir(&config, "ab", "c")
+        );
+        assert_eq!(sandbox_dir(&config, "k8s.io", &cri_id), dir);
+        // FNV-1a's published value for the one byte 0 (empty namespace and ID).
+        assert_eq!(name_hash("", ""), 0xaf63_bd4c_8601_b7df);
+    }
 
     #[test]
     fn containers_share_a_vm_only_when_their_sandbox_annotation_says_so() {

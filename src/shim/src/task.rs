@@ -14,10 +14,11 @@ use serde_json::{json, Value};
 
 use crate::config::Config;
 use crate::events::{timestamp, Events};
+use crate::host_mounts;
 use crate::layers;
 use crate::network;
 use crate::process::{Process, Status as ProcStatus, StdioPaths};
-use crate::sandbox::Sandbox;
+use crate::sandbox::{self, Sandbox};
 use crate::shim::{grouping, read_spec, sandbox_dir};
 use crate::template;
 
@@ -121,6 +122,7 @@ impl Service {
             None => None,
         };
         let undo = |e: String| {
+            sandbox::discard(&dir);
             if let Some(ns) = &netns {
                 network::tear_down(ns);
             }
@@ -128,8 +130,8 @@ impl Service {
         };
         let vm = match config.start_from_template {
             true => template::ensure(config, mem, netns.as_deref())
-                .and_then(|t| Sandbox::restore(config, &t, dir, netns.as_deref())),
-            false => Sandbox::boot(config, dir, mem, netns.as_deref()),
+                .and_then(|t| Sandbox::restore(config, &t, dir.clone(), netns.as_deref())),
+            false => Sandbox::boot(config, dir.clone(), mem, netns.as_deref()),
         }
         .map_err(|e| undo(e.to_string()))?;
         if let Some(net) = &net {
@@ -186,7 +188,10 @@ impl Service {
         let start = Instant::now();
         let config = Config::load().map_err(failed)?;
         let bundle = Path::new(&req.bundle);
-        let spec = read_spec(bundle).map_err(|e| error(Code::INVALID_ARGUMENT, e))?;
+        let mut spec = read_spec(bundle).map_err(|e| error(Code::INVALID_ARGUMENT, e))?;
+        // Before a VM is started for it: a mount that cannot reach the guest fails here.
+        let host_paths =
+            host_mounts::to_guest(&mut spec).map_err(|e| error(Code::INVALID_ARGUMENT, e))?;
         let sandbox = self.sandbox_for(&config, &spec, id)?;
         let vm_ready = start.elapsed();
         let dir = sandbox.dir.join("containers").join(id);
@@ -210,7 +215,7 @@ impl Service {
             let _ = std::fs::remove_dir_all(&dir);
             failed(e)
         };
-        let request = json!({"op": "create", "id": id, "spec": spec, "rootfs": {
+        let request = json!({"op": "create", "id": id, "spec": spec, "host_paths": host_paths, "rootfs": {
             "device": format!("layers{slot}"), "fstype": "ext4", "size": disks.image_bytes,
             "writable": {"device": format!("upper{slot}"), "fstype": "ext4", "size": disks.writable_bytes}}});
         let answer = sandbox

@@ -12,6 +12,15 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// The shim's name for a sandbox's directory: FNV-1a (64 bits) of namespace, NUL, ID.
+fn sandbox_name(namespace: &str, id: &str) -> String {
+    let bytes = namespace.bytes().chain([0]).chain(id.bytes());
+    let hash = bytes.fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
 #[test]
 fn without_a_namespace_the_shim_says_so_and_fails() {
     let out = Command::new(SHIM)
@@ -47,7 +56,7 @@ fn delete_after_a_dead_shim_removes_its_sandbox_and_spares_other_processes() {
     // The sandbox's pid file names a process that is not its ember (a reused pid): it
     // must survive; the sandbox's directory goes.
     let mut bystander = Command::new("sleep").arg("30").spawn().unwrap();
-    let sandbox = state.join("ns1").join("pod7");
+    let sandbox = state.join(sandbox_name("ns1", "pod7"));
     std::fs::create_dir_all(&sandbox).unwrap();
     std::fs::write(sandbox.join("ember.pid"), bystander.id().to_string()).unwrap();
     let out = Command::new(SHIM)

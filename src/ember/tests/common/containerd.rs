@@ -198,7 +198,7 @@ impl Containerd {
         let start = Instant::now();
         loop {
             let embers = self.embers();
-            let dirs: Vec<_> = std::fs::read_dir(self.sandboxes.join("default"))
+            let dirs: Vec<_> = std::fs::read_dir(&self.sandboxes)
                 .map(|d| d.flatten().map(|e| e.path()).collect())
                 .unwrap_or_default();
             let mounts: Vec<String> = std::fs::read_to_string("/proc/mounts")

@@ -4,6 +4,7 @@
 //! that is malformed, too long or of another version gets an error line; the service goes on.
 
 mod console;
+mod host_paths;
 mod network;
 mod process;
 pub mod protocol;
@@ -139,9 +140,14 @@ fn handle(op: Op) -> Result<serde_json::Value, String> {
             mac.as_deref(),
         )
         .map(|()| json!({})),
-        Op::Create { id, spec, rootfs } => {
-            runtime::create(&id, spec, &rootfs).map(|pid| json!({ "pid": pid }))
-        }
+        Op::Create {
+            id,
+            spec,
+            rootfs,
+            host_paths,
+        } => host_paths::write_all(&host_paths)
+            .and_then(|()| runtime::create(&id, spec, &rootfs))
+            .map(|pid| json!({ "pid": pid })),
         Op::Exec {
             id,
             exec_id,

@@ -58,6 +58,30 @@ pub struct Rootfs {
     pub writable: Option<Disk>,
 }
 
+/// A host path a container mounts (containerd's `/etc/hosts`, `/etc/resolv.conf`,
+/// `/etc/hostname`, the pod's `/dev/shm`, a volume's directory), as the guest gets it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostPath {
+    /// 16 hex digits: the same host path has the same key, so a pod's containers that mount
+    /// it share one copy.
+    pub key: String,
+    /// A file's text, written again at every create (containerd may have rewritten it).
+    pub file: Option<String>,
+    /// A directory's files (paths relative to it) and their text, written when the first
+    /// container that mounts it is created; later ones share what is there.
+    pub dir: Option<Vec<(String, String)>>,
+}
+
+/// Where host paths live in the guest: a tmpfs (the agent mounts one on /run).
+pub const HOST_PATHS: &str = "/run/ember/host";
+
+impl HostPath {
+    pub fn guest_path(key: &str) -> String {
+        format!("{HOST_PATHS}/{key}")
+    }
+}
+
 impl Rootfs {
     /// The disk named at the top level.
     pub fn disk(&self) -> Disk {
@@ -90,6 +114,10 @@ pub enum Op {
         id: String,
         spec: Value,
         rootfs: Rootfs,
+        /// Host files and directories the spec's bind mounts name, copied in: the shim has
+        /// pointed those mounts at [`HostPath::guest_path`].
+        #[serde(default)]
+        host_paths: Vec<HostPath>,
     },
     /// Registers a process (an OCI `process` object) to run in a created container.
     Exec {
