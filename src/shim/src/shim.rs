@@ -23,6 +23,8 @@ pub const MAX_SPEC: u64 = 4 << 20;
 pub struct EmberShim {
     namespace: String,
     id: String,
+    /// The socket this shim serves on (`unix:///run/containerd/s/...`), when serving.
+    socket: String,
     exit: Arc<ExitSignal>,
 }
 
@@ -78,6 +80,7 @@ impl containerd_shim::Shim for EmberShim {
         EmberShim {
             namespace: args.namespace.clone(),
             id: args.id.clone(),
+            socket: args.socket.clone(),
             exit: Arc::new(ExitSignal::default()),
         }
     }
@@ -110,6 +113,10 @@ impl containerd_shim::Shim for EmberShim {
 
     fn wait(&mut self) {
         self.exit.wait();
+        // The shim library removes the socket it finds named in the first container's
+        // bundle; under CRI that bundle (the pod sandbox's) is gone by the time the pod's
+        // shim shuts down, and every pod left its socket behind. The shim removes its own.
+        remove_socket(&self.socket);
     }
 
     fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
@@ -118,6 +125,20 @@ impl containerd_shim::Shim for EmberShim {
             Events::new(&self.namespace, publisher),
             self.exit.clone(),
         )
+    }
+}
+
+/// Removes the socket file an address names (`unix://PATH`), if it is one.
+fn remove_socket(address: &str) {
+    use std::os::unix::fs::FileTypeExt;
+    let Some(path) = address.strip_prefix("unix://") else {
+        return;
+    };
+    let is_socket = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket());
+    if is_socket {
+        if let Err(e) = std::fs::remove_file(path) {
+            log::warn!("cannot remove the shim's socket {path}: {e}");
+        }
     }
 }
 
@@ -151,6 +172,22 @@ mod tests {
         assert_eq!(sandbox_dir(&config, "k8s.io", &cri_id), dir);
         // FNV-1a's published value for the one byte 0 (empty namespace and ID).
         assert_eq!(name_hash("", ""), 0xaf63_bd4c_8601_b7df);
+    }
+
+    #[test]
+    fn the_shim_removes_its_own_socket_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("shim-socket-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("s");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let file = dir.join("f");
+        std::fs::write(&file, "x").unwrap();
+        remove_socket(&format!("unix://{}", file.display()));
+        remove_socket(file.to_str().unwrap());
+        assert!(file.exists(), "a regular file is not a socket");
+        remove_socket(&format!("unix://{}", sock.display()));
+        assert!(!sock.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -9,10 +9,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::linux::Images;
+use super::netns::NetNs;
 use super::{skip, Scratch, EMBER};
 
 pub const RUNTIME: &str = "io.containerd.ember.v2";
 pub const IMAGE: &str = "docker.io/library/ember-test/busybox:1";
+/// The pod sandbox's image under CRI: busybox sleeping (a pause process of its own).
+pub const PAUSE: &str = "docker.io/library/ember-test/pause:1";
 
 /// The shim, built beside `ember` (`cargo build` or `cargo test --workspace`).
 pub fn shim_binary() -> PathBuf {
@@ -57,15 +60,53 @@ impl Containerd {
     /// by default; with `template`, sandboxes start from a snapshot of a booted guest) and
     /// imports the busybox image.
     pub fn start(s: &Scratch, img: &Images, mem_mib: u32, template: bool) -> Containerd {
+        Self::start_with(s, img, mem_mib, template, None)
+    }
+
+    /// As [`Containerd::start`], with containerd's CRI plugin on (runtime handlers `runc`
+    /// and `ember`, the pause image [`PAUSE`], CNI's bridge, host-local and portmap
+    /// plugins) and containerd itself in the network namespace `cri_netns`, where CNI's
+    /// bridge then lives; the images go to CRI's namespace, `k8s.io`.
+    pub fn start_cri(s: &Scratch, img: &Images, template: bool, cri_netns: &NetNs) -> Containerd {
+        Self::start_with(s, img, 256, template, Some(cri_netns))
+    }
+
+    fn start_with(
+        s: &Scratch,
+        img: &Images,
+        mem_mib: u32,
+        template: bool,
+        cri_netns: Option<&NetNs>,
+    ) -> Containerd {
         let dir = s.path("c");
         std::fs::create_dir_all(&dir).unwrap();
         let sock = dir.join("containerd.sock");
-        let config = format!(
-            "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\n\
-             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n[grpc]\n  address = \"{1}\"\n",
+        let mut config = format!(
+            "version = 2\nroot = \"{0}/root\"\nstate = \"{0}/state\"\n[grpc]\n  address = \"{1}\"\n",
             dir.display(),
             sock.display()
         );
+        match cri_netns {
+            None => config.insert_str(0, "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n"),
+            Some(_) => {
+                let cni = dir.join("cni");
+                std::fs::create_dir_all(&cni).unwrap();
+                let conf = json!({"cniVersion": "0.4.0", "name": "embercri", "plugins": [
+                    {"type": "bridge", "bridge": "ember-cri0", "isGateway": true, "ipMasq": false,
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.77.0.0/24"}]],
+                              "dataDir": dir.join("ipam")}},
+                    {"type": "portmap", "capabilities": {"portMappings": true}},
+                    {"type": "loopback"}]});
+                std::fs::write(cni.join("10-ember.conflist"), conf.to_string()).unwrap();
+                config += &format!(
+                    "[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"{PAUSE}\"\n\
+                     [plugins.\"io.containerd.grpc.v1.cri\".cni]\n  bin_dir = \"/usr/lib/cni\"\n  conf_dir = \"{}\"\n\
+                     [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n\
+                     [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.ember]\n  runtime_type = \"{RUNTIME}\"\n",
+                    cni.display()
+                );
+            }
+        }
         std::fs::write(dir.join("config.toml"), config).unwrap();
         let sandboxes = dir.join("sb");
         let shim = json!({"kernel": img.file("vmlinux"), "rootfs": img.file("rootfs.ext4"),
@@ -79,7 +120,18 @@ impl Containerd {
             std::env::var("PATH").unwrap_or_default()
         );
         let log = std::fs::File::create(dir.join("containerd.log")).unwrap();
-        let child = Command::new("containerd")
+        // nsenter, not `ip netns exec`: that also remounts /sys, hiding the host's cgroups
+        // from runc.
+        let mut containerd = match cri_netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/var/run/netns/{}", ns.name))
+                    .arg("containerd");
+                c
+            }
+            None => Command::new("containerd"),
+        };
+        let child = containerd
             .arg("--config")
             .arg(dir.join("config.toml"))
             .env("PATH", path)
@@ -104,13 +156,22 @@ impl Containerd {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        let image = busybox_image(s);
-        let out = c.ctr(&["image", "import", image.to_str().unwrap()]);
-        assert!(
-            out.status.success(),
-            "ctr image import: {}",
-            text(&out.stderr)
-        );
+        let mut images = vec![busybox_image(s)];
+        let mut import = vec!["image", "import"];
+        if cri_netns.is_some() {
+            images.push(oci_image(s, PAUSE, &["sleep", "2147483647"]));
+            import.splice(0..0, ["--namespace", "k8s.io"]);
+        }
+        for image in images {
+            let mut args = import.clone();
+            args.push(image.to_str().unwrap());
+            let out = c.ctr(&args);
+            assert!(
+                out.status.success(),
+                "ctr image import: {}",
+                text(&out.stderr)
+            );
+        }
         c
     }
 
@@ -248,6 +309,31 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The socket containerd 1.6 gives the shim of task `id` in `namespace`: under
+/// /run/containerd/s, named by the SHA-256 of containerd's address, the namespace and the ID.
+pub fn shim_socket(containerd_sock: &Path, namespace: &str, id: &str) -> PathBuf {
+    let name = format!("{}/{namespace}/{id}", containerd_sock.display());
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(name.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let digest = text(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    Path::new("/run/containerd/s").join(digest)
+}
+
 fn sha256(file: &Path) -> String {
     let out = Command::new("sha256sum").arg(file).output().unwrap();
     text(&out.stdout)
@@ -260,7 +346,13 @@ fn sha256(file: &Path) -> String {
 /// An OCI image layout (one uncompressed layer: busybox and its applets), as a tar that
 /// `ctr image import` takes.
 fn busybox_image(s: &Scratch) -> PathBuf {
-    let tree = s.path("oci-tree");
+    oci_image(s, IMAGE, &["sh"])
+}
+
+/// An OCI image archive of the host's busybox, named `reference`, whose command is `cmd`.
+fn oci_image(s: &Scratch, reference: &str, cmd: &[&str]) -> PathBuf {
+    let name = reference.replace(['/', ':', '.'], "-");
+    let tree = s.path(&format!("{name}-tree"));
     for dir in ["bin", "proc", "dev", "sys", "tmp", "etc", "root", "run"] {
         std::fs::create_dir_all(tree.join(dir)).unwrap();
     }
@@ -272,10 +364,10 @@ fn busybox_image(s: &Scratch) -> PathBuf {
     for applet in applets {
         std::os::unix::fs::symlink("busybox", tree.join("bin").join(applet)).unwrap();
     }
-    let layout = s.path("oci-layout");
+    let layout = s.path(&format!("{name}-layout"));
     let blobs = layout.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).unwrap();
-    let layer = s.path("layer.tar");
+    let layer = s.path(&format!("{name}-layer.tar"));
     let ok = Command::new("tar")
         .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
         .arg(&tree)
@@ -296,25 +388,31 @@ fn busybox_image(s: &Scratch) -> PathBuf {
     };
     let (layer_digest, layer_size) = blob(&layer);
     let config = json!({"architecture": "amd64", "os": "linux",
-        "config": {"Env": ["PATH=/bin"], "Cmd": ["sh"]},
+        "config": {"Env": ["PATH=/bin"], "Cmd": cmd},
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]}});
-    let config_file = s.file("config.json", config.to_string().as_bytes());
+    let config_file = s.file(
+        &format!("{name}-config.json"),
+        config.to_string().as_bytes(),
+    );
     let (config_digest, config_size) = blob(Path::new(&config_file));
     let manifest = json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}]});
-    let manifest_file = s.file("manifest.json", manifest.to_string().as_bytes());
+    let manifest_file = s.file(
+        &format!("{name}-manifest.json"),
+        manifest.to_string().as_bytes(),
+    );
     let (manifest_digest, manifest_size) = blob(Path::new(&manifest_file));
     let index = json!({"schemaVersion": 2, "manifests": [{
         "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest, "size": manifest_size,
-        "annotations": {"io.containerd.image.name": IMAGE, "org.opencontainers.image.ref.name": "1"}}]});
+        "annotations": {"io.containerd.image.name": reference, "org.opencontainers.image.ref.name": "1"}}]});
     std::fs::write(layout.join("index.json"), index.to_string()).unwrap();
     std::fs::write(
         layout.join("oci-layout"),
         r#"{"imageLayoutVersion":"1.0.0"}"#,
     )
     .unwrap();
-    let image = s.path("busybox-oci.tar");
+    let image = s.path(&format!("{name}-oci.tar"));
     let ok = Command::new("tar")
         .arg("-C")
         .arg(&layout)

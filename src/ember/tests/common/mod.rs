@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 pub mod api;
 pub mod containerd;
+pub mod cri;
 pub mod huge_pages;
 pub mod linux;
 pub mod netns;
