@@ -160,11 +160,7 @@ fn linux_containerd_sandboxes_hold_pods_and_limits() {
     // Two containers of one sandbox share its VM; each sees the other's processes only
     // when its spec joins the other's PID namespace.
     let pod = ["--annotation", "io.kubernetes.cri.sandbox-id=pod1"];
-    let mut args = vec!["run", "-d", "--null-io", "--runtime", RUNTIME];
-    args.extend_from_slice(&pod);
-    args.extend_from_slice(&[IMAGE, "pod1", "sleep", "1000"]);
-    let out = c.ctr(&args);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    c.run_detached("pod1", &pod, &["sleep", "1000"]);
     let listing = text(&c.ctr(&["task", "ls"]).stdout);
     let pid = listing
         .lines()
@@ -198,20 +194,7 @@ fn linux_containerd_sandboxes_hold_pods_and_limits() {
     );
     let embers = c.embers();
     assert_eq!(embers.len(), 1, "one VM for the pod: {embers:?}");
-    let out = c.ctr(&["task", "kill", "-s", "KILL", "pod1"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let start = Instant::now();
-    while !text(&c.ctr(&["task", "ls"]).stdout).contains("STOPPED") {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "pod1 never stopped"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let out = c.ctr(&["task", "delete", "pod1"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let out = c.ctr(&["container", "delete", "pod1"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    c.kill_and_delete("pod1");
     c.assert_nothing_left();
 }
 
@@ -297,18 +280,7 @@ fn linux_containerd_reports_failures_and_leaks_nothing() {
 
     // The shim is killed under a running container: containerd cleans up after it (the
     // shim's delete), and the VM goes with its shim.
-    let out = c.ctr(&[
-        "run",
-        "-d",
-        "--null-io",
-        "--runtime",
-        RUNTIME,
-        IMAGE,
-        "shimdies",
-        "sleep",
-        "1000",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    c.run_detached("shimdies", &[], &["sleep", "1000"]);
     let shim = std::process::Command::new("pgrep")
         .args(["-f", "containerd-shim-ember-v2 .*-id shimdies"])
         .output()
@@ -448,38 +420,22 @@ fn linux_containerd_cri_ids_and_host_mounts_reach_the_guest() {
         ),
     ];
     let first = "a1".repeat(32);
-    let out = c.ctr(&[
-        "run",
-        "-d",
-        "--null-io",
-        "--runtime",
-        RUNTIME,
+    let options = [
         "--annotation",
         &pod,
         "--mount",
         &mounts[0],
         "--mount",
         &mounts[1],
-        IMAGE,
-        &first,
-        "sh",
-        "-c",
-        "echo from-first > /dev/shm/marker; sleep 1000",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    ];
+    let marker = "echo from-first > /dev/shm/marker; sleep 1000";
+    c.run_detached(&first, &options, &["sh", "-c", marker]);
     let second = "b2".repeat(32);
     let start = Instant::now();
     let seen = loop {
         let out = c.run(
             &second,
-            &[
-                "--annotation",
-                &pod,
-                "--mount",
-                &mounts[0],
-                "--mount",
-                &mounts[1],
-            ],
+            &options,
             &["sh", "-c", "cat /etc/hosts /dev/shm/marker"],
         );
         let seen = text(&out.stdout);
@@ -490,17 +446,7 @@ fn linux_containerd_cri_ids_and_host_mounts_reach_the_guest() {
     };
     assert_eq!(seen, "10.1.2.3 pod-peer\nfrom-first\n");
     assert_eq!(c.embers().len(), 1, "one VM for the pod");
-    let out = c.ctr(&["task", "kill", "-s", "KILL", &first]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let start = Instant::now();
-    while !text(&c.ctr(&["task", "ls"]).stdout).contains("STOPPED") {
-        assert!(start.elapsed() < Duration::from_secs(60), "never stopped");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    for args in [["task", "delete"], ["container", "delete"]] {
-        let out = c.ctr(&[args[0], args[1], &first]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
-    }
+    c.kill_and_delete(&first);
     // A mount of something the guest cannot get: refused before any VM starts.
     let missing = format!(
         "type=bind,src={},dst=/x,options=rbind",

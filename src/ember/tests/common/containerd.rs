@@ -212,6 +212,35 @@ impl Containerd {
         self.ctr(&all)
     }
 
+    /// `ctr run -d --null-io` with `options`: the container runs on, detached.
+    pub fn run_detached(&self, id: &str, options: &[&str], args: &[&str]) {
+        let mut all = vec!["run", "-d", "--null-io", "--runtime", RUNTIME];
+        all.extend_from_slice(options);
+        all.extend_from_slice(&[IMAGE, id]);
+        all.extend_from_slice(args);
+        let out = self.ctr(&all);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+
+    /// SIGKILL to container `id`'s task; once a task shows STOPPED, the task and the
+    /// container are deleted.
+    pub fn kill_and_delete(&self, id: &str) {
+        let out = self.ctr(&["task", "kill", "-s", "KILL", id]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let start = Instant::now();
+        while !text(&self.ctr(&["task", "ls"]).stdout).contains("STOPPED") {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{id} never stopped"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for what in ["task", "container"] {
+            let out = self.ctr(&[what, "delete", id]);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
+    }
+
     /// `ctr run --rm` started, not waited for: the process and its output's lines.
     pub fn spawn_run(
         &self,
